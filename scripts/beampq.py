@@ -1030,15 +1030,19 @@ def _squash(project: Project, clone: Path):
 # Gates on the patched tree: tests, lint, pylint, mypy, format.
 
 
-def touched(project: Project) -> tuple[list[str], list[str]]:
-  """The upstream files the queue modifies and the files it adds."""
-  entries = project.series()
-  modified = []
-  for entry in entries:
-    for path in _patched_paths(project.patches / entry.patch):
-      if path not in modified:
-        modified.append(path)
-  return modified, [path for entry in entries for path in entry.new_files]
+def touched(tree: Path) -> tuple[list[str], list[str]]:
+  """The upstream files the tree changes and the files it adds, uncommitted
+  work included."""
+  changed = git_out(
+      'diff', '--name-status', '--no-renames', PRISTINE_TAG,
+      cwd=tree).splitlines()
+  untracked = git_out(
+      'ls-files', '--others', '--exclude-standard', cwd=tree).splitlines()
+  modified = sorted(
+      line.split('\t', 1)[1] for line in changed if line[0] in 'MT')
+  added = sorted([line.split('\t', 1)[1] for line in changed if line[0] == 'A'] +
+                 untracked)
+  return modified, added
 
 
 def _package_paths(project: Project, paths: Iterable[str]) -> list[str]:
@@ -1074,7 +1078,7 @@ def ensure_pristine(project: Project, tree: Path) -> Path:
 def run_tests(project: Project, pytest_args: list[str]) -> int:
   tree = ensure_tree(project, use_local=True)
   sdk = tree / project.base.subdir
-  modified, new = touched(project)
+  modified, new = touched(tree)
   modules = [
       p for p in _package_paths(project, modified + new)
       if p.endswith('_test.py')
@@ -1258,7 +1262,7 @@ def lint(project: Project) -> int:
   tree = ensure_tree(project, use_local=True)
   sdk = tree / project.base.subdir
   pristine = ensure_pristine(project, tree)
-  modified, new = touched(project)
+  modified, new = touched(tree)
   changed = _package_paths(project, modified)
   added = _package_paths(project, new)
   files = changed + added
@@ -1288,7 +1292,7 @@ def lint(project: Project) -> int:
 def pylint(project: Project) -> int:
   tree = ensure_tree(project, use_local=True)
   pristine = ensure_pristine(project, tree)
-  modified, new = touched(project)
+  modified, new = touched(tree)
   changed = _package_paths(project, modified)
   files = changed + _package_paths(project, new)
   before = pylint_findings(pristine, changed)
@@ -1299,7 +1303,7 @@ def pylint(project: Project) -> int:
 def mypy(project: Project) -> int:
   tree = ensure_tree(project, use_local=True)
   pristine = ensure_pristine(project, tree)
-  modified, new = touched(project)
+  modified, new = touched(tree)
   changed = _package_paths(project, modified)
   files = changed + _package_paths(project, new)
   cache = project.build / 'mypy-cache'
@@ -1313,7 +1317,7 @@ def format_tree(project: Project) -> int:
   to fix, so that patches do not carry unrelated import churn."""
   tree = ensure_tree(project, use_local=True)
   sdk = tree / project.base.subdir
-  modified, new = touched(project)
+  modified, new = touched(tree)
   files = [
       f for f in _package_paths(project, modified + new)
       if (sdk / f).is_file()
