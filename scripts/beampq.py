@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -1075,16 +1076,12 @@ def ensure_pristine(project: Project, tree: Path) -> Path:
   return project.pristine / project.base.subdir
 
 
-def run_tests(project: Project, pytest_args: list[str]) -> int:
-  tree = ensure_tree(project, use_local=True)
-  sdk = tree / project.base.subdir
-  modified, new = touched(tree)
-  modules = [
-      p for p in _package_paths(project, modified + new)
-      if p.endswith('_test.py')
-  ]
-  targets = pytest_args or modules
-  print(f'beampq: test modules: {" ".join(targets)}')
+def pytest_on(project: Project,
+              sdk: Path,
+              targets: list[str],
+              failed: Optional[list[str]] = None) -> int:
+  """Runs Beam's pytest setup in an sdk folder: the tests in parallel, then
+  the no_xdist ones alone. Adds the ids of failed tests to failed."""
   env = dict(
       os.environ,
       PYTHONPATH=os.pathsep.join([str(sdk), str(Path(__file__).parent)]),
@@ -1106,19 +1103,92 @@ def run_tests(project: Project, pytest_args: list[str]) -> int:
       'timeout=600',
       '-o',
       'cache_dir=' + str(project.build / 'pytest-cache'),
-      '-rs',
+      '-rfEs',
   ]
   codes = []
   for marker, parallel in (('not no_xdist', ['-n', '2']), ('no_xdist', [])):
     print(f'beampq: pytest -m "{marker}" in {sdk}', flush=True)
-    codes.append(
-        subprocess.run(
-            common + parallel + ['-m', marker] + targets, cwd=sdk,
-            env=env).returncode)
+    with subprocess.Popen(common + parallel + ['-m', marker] + targets,
+                          cwd=sdk,
+                          env=env,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True) as run:
+      for line in run.stdout:
+        print(line, end='', flush=True)
+        match = re.match(r'^(?:FAILED|ERROR) (\S+)', line)
+        if match and failed is not None:
+          failed.append(match.group(1))
+    codes.append(run.returncode)
   if all(code == 5 for code in codes):
     print('beampq: no tests were collected')
     return 0
   return next((code for code in codes if code not in (0, 5)), 0)
+
+
+def run_tests(project: Project, pytest_args: list[str]) -> int:
+  tree = ensure_tree(project, use_local=True)
+  modified, new = touched(tree)
+  modules = [
+      p for p in _package_paths(project, modified + new)
+      if p.endswith('_test.py')
+  ]
+  targets = pytest_args or modules
+  print(f'beampq: test modules: {" ".join(targets)}')
+  return pytest_on(project, tree / project.base.subdir, targets)
+
+
+# Test folders that exercise BatchElements and RunInference as a whole.
+REGRESSION_FOLDERS = ('apache_beam/transforms', 'apache_beam/ml/inference')
+
+
+def regression_modules(sdk: Path) -> list[str]:
+  """The test modules of REGRESSION_FOLDERS, plus the tests of every module
+  (examples aside) that uses BatchElements."""
+  modules = {
+      str(path.relative_to(sdk))
+      for folder in REGRESSION_FOLDERS
+      for path in (sdk / folder).rglob('*_test.py')
+  }
+  for path in (sdk / 'apache_beam').rglob('*.py'):
+    if 'examples' in path.parts or path.name.endswith('_test.py'):
+      continue
+    test = path.with_name(path.stem + '_test.py')
+    if test.exists() and 'BatchElements' in path.read_text(errors='replace'):
+      modules.add(str(test.relative_to(sdk)))
+  return sorted(modules)
+
+
+def regression(project: Project, pytest_args: list[str]) -> int:
+  """Runs the wider suites on the patched tree; failures that also occur on
+  the pristine base are listed as such, and only new ones fail the run."""
+  tree = ensure_tree(project, use_local=True)
+  sdk = tree / project.base.subdir
+  pristine = ensure_pristine(project, tree)
+  targets = pytest_args or regression_modules(sdk)
+  print(f'beampq: regression: {len(targets)} test modules: {" ".join(targets)}')
+  started = time.monotonic()
+  failed: list[str] = []
+  code = pytest_on(project, sdk, targets, failed)
+  if code not in (0, 1):
+    raise Error(f'pytest exited with {code} on the patched tree')
+  files = sorted({test.split('::')[0] for test in failed})
+  rerun = [f for f in files if (pristine / f).is_file()]
+  failed_before: list[str] = []
+  if rerun:
+    print(f'beampq: rerunning {len(rerun)} files with failures on the '
+          'pristine base', flush=True)
+    pytest_on(project, pristine, rerun, failed_before)
+  old = [test for test in failed if test in failed_before]
+  new = [test for test in failed if test not in failed_before]
+  minutes = (time.monotonic() - started) / 60
+  print(f'beampq: regression: {len(failed)} failures on the patched tree in '
+        f'{minutes:.1f} min; {len(old)} also fail on the pristine base, '
+        f'{len(new)} are new')
+  for label, tests in (('also on the pristine base', old), ('NEW', new)):
+    for test in tests:
+      print(f'  {label}: {test}')
+  return 1 if new else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1380,6 +1450,9 @@ def main(argv: Optional[list[str]] = None) -> int:
       help='one patch with the pull request title and description')
   test_cmd = commands.add_parser('test', help='pytest on the patched tree')
   test_cmd.add_argument('pytest_args', nargs=argparse.REMAINDER)
+  regression_cmd = commands.add_parser(
+      'regression', help='the wider suites, compared with the pristine base')
+  regression_cmd.add_argument('pytest_args', nargs=argparse.REMAINDER)
   for name in ('lint', 'pylint', 'mypy', 'format'):
     commands.add_parser(name, help=f'{name} on the files the queue touches')
   args = parser.parse_args(argv)
@@ -1397,9 +1470,10 @@ def main(argv: Optional[list[str]] = None) -> int:
       apply(project, args.checkout)
     elif args.command == 'export':
       export(project, args.dest, args.squash)
-    elif args.command == 'test':
+    elif args.command in ('test', 'regression'):
       extra = [a for a in args.pytest_args if a != '--']
-      return run_tests(project, extra)
+      run = run_tests if args.command == 'test' else regression
+      return run(project, extra)
     else:
       return {
           'lint': lint, 'pylint': pylint, 'mypy': mypy, 'format': format_tree

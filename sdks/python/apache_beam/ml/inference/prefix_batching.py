@@ -1,0 +1,341 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Prefix-aware batching for LLM model handlers.
+
+LLM servers such as vLLM, SGLang and llama.cpp keep a prefix (KV) cache: when
+a prompt starts with tokens the server computed recently, their attention
+state is reused instead of computed again. RunInference batches per worker,
+so without help every server sees batches that mix unrelated prompt
+prefixes, and its cache keeps evicting what the next batch needs.
+
+A ModelHandler built with ``batch_key_fn`` keys every element by its prompt
+prefix; ``BatchElements`` then routes the elements that share a prefix to one
+worker and batches them together (see its ``key_fn``), and
+``batch_key_num_shards`` spreads a prefix shared by much of the traffic over
+several workers. This module gives the key functions for the two usual
+inputs, plain prompts (:class:`PromptPrefixKeyFn`) and chat conversations
+(:class:`ChatPrefixKeyFn`), and :class:`PrefixBatchingConfig`, the setting
+that LLM model handlers take::
+
+  handler = VLLMCompletionsModelHandler(
+      model_name, prefix_batching_config=PrefixBatchingConfig())
+
+or, for any handler::
+
+  handler = MyHandler(batch_key_fn=PromptPrefixKeyFn(), batch_key_num_shards=8)
+
+Keys are the leading text of the prompt: at most ``prefix_char_len``
+characters, deterministic, and the same in every process and under every
+Python hash seed. Text that changes from request to request inside the
+prefix, such as a timestamp, a request id or a user's name, gives every
+request a key of its own and defeats both the batching and the server's
+cache: put it after the shared part of the prompt, or end the key before it
+with a shorter ``prefix_char_len`` or a delimiter.
+"""
+
+# pytype: skip-file
+
+import dataclasses
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import Optional
+from typing import Union
+
+from apache_beam.transforms.util import _validate_num_shards
+
+__all__ = [
+    'DEFAULT_PREFIX_CHAR_LEN',
+    'ChatPrefixKeyFn',
+    'PrefixBatchingConfig',
+    'PromptPrefixKeyFn',
+]
+
+# The default length, in characters, of the prefix that keys a prompt. About
+# 64 tokens of English text: enough to tell most prompt templates and system
+# prompts apart by their opening, and short enough to end before the part of
+# a prompt that differs per request in most of them. Erring short is the
+# cheaper mistake: prompts that agree on their first 256 characters but not
+# on what follows still share those characters' cache in one batch, whereas
+# a key that reaches into per-request text batches nothing together.
+DEFAULT_PREFIX_CHAR_LEN = 256
+
+_ShardSpec = Union[int, Mapping[Any, int], Callable[[Any], int]]
+
+
+def _check_prefix_char_len(prefix_char_len):
+  if (isinstance(prefix_char_len, bool) or
+      not isinstance(prefix_char_len, int) or prefix_char_len < 1):
+    raise ValueError(
+        f'prefix_char_len must be a positive int, got {prefix_char_len!r}.')
+
+
+def _check_delimiters(delimiters, name='delimiters'):
+  if isinstance(delimiters, str) or not isinstance(delimiters, Sequence):
+    raise TypeError(
+        f'{name} must be a sequence of strings such as (\'\\n\\n\',), got '
+        f'{delimiters!r}.')
+  for delimiter in delimiters:
+    if not isinstance(delimiter, str) or not delimiter:
+      raise ValueError(
+          f'{name} must hold non-empty strings, got {delimiter!r} in '
+          f'{delimiters!r}.')
+
+
+class _TextPrefix(object):
+  """Cuts text to its key: the first prefix_char_len characters, or what
+  comes before the earliest delimiter when that is sooner. Only the first
+  prefix_char_len characters (plus a delimiter's length) are ever looked at.
+  """
+  def __init__(self, prefix_char_len: int, delimiters: Sequence[str]):
+    _check_prefix_char_len(prefix_char_len)
+    _check_delimiters(delimiters)
+    self.prefix_char_len = prefix_char_len
+    self.delimiters = tuple(delimiters)
+    # A delimiter that starts before the cut may end after it.
+    longest = max((len(d) for d in self.delimiters), default=1)
+    self.window = prefix_char_len + longest - 1
+
+  def __call__(self, text: str) -> str:
+    head = text[:self.window]
+    cut = self.prefix_char_len
+    for delimiter in self.delimiters:
+      # A delimiter at the very start would leave an empty key.
+      at = head.find(delimiter, 1)
+      if 0 < at < cut:
+        cut = at
+    return head[:cut]
+
+
+class PromptPrefixKeyFn(object):
+  """Keys a prompt string by its prefix, for prefix-aware batching.
+
+  The key is the prompt's first ``prefix_char_len`` characters, or
+  everything before the earliest of ``delimiters`` when that comes sooner, so
+  that prompts built from one template (instructions, a blank line, then the
+  request) share a key. The cost does not depend on the prompt's length: only
+  its first ``prefix_char_len`` characters (plus a delimiter's length) are
+  read, so an 8 MB prompt costs what a 1 KB one does.
+
+  Args:
+    prefix_char_len: the longest key, in characters. Defaults to
+      DEFAULT_PREFIX_CHAR_LEN.
+    delimiters: strings that end the shared part of a prompt. Defaults to
+      ``('\\n\\n',)``, a blank line; ``()`` keys by length alone. A delimiter
+      at the very start of a prompt is ignored.
+  """
+  DEFAULT_DELIMITERS = ('\n\n', )
+
+  def __init__(
+      self,
+      prefix_char_len: int = DEFAULT_PREFIX_CHAR_LEN,
+      delimiters: Optional[Sequence[str]] = None):
+    self._prefix = _TextPrefix(
+        prefix_char_len,
+        self.DEFAULT_DELIMITERS if delimiters is None else delimiters)
+
+  @property
+  def prefix_char_len(self) -> int:
+    return self._prefix.prefix_char_len
+
+  @property
+  def delimiters(self) -> tuple[str, ...]:
+    return self._prefix.delimiters
+
+  def __call__(self, prompt: str) -> str:
+    if not isinstance(prompt, str):
+      raise TypeError(
+          'PromptPrefixKeyFn keys str prompts, got a '
+          f'{type(prompt).__name__}.')
+    return self._prefix(prompt)
+
+  def __repr__(self):
+    return (
+        f'PromptPrefixKeyFn(prefix_char_len={self.prefix_char_len}, '
+        f'delimiters={self.delimiters!r})')
+
+
+class ChatPrefixKeyFn(object):
+  """Keys an OpenAI-style chat conversation by its first message.
+
+  A conversation is a sequence of messages, each either a dict with ``role``
+  and ``content`` keys or an object with ``role`` and ``content`` attributes
+  (such as ``vllm_inference.OpenAIChatMessage``). Its key is the pair of the
+  first message's role and the leading text of its content, cut as
+  :class:`PromptPrefixKeyFn` cuts a prompt; the first message is usually the
+  system prompt that conversations share. ``content`` may be a string, None,
+  or a list of OpenAI content parts: text parts count with their text, other
+  parts (images, audio) with their type alone, as ``<image_url>``.
+
+  A conversation that is not a sequence, an empty one, or a message or
+  content part of an unknown shape raises an error instead of falling back to
+  a key that would batch unrelated conversations together.
+
+  Args:
+    prefix_char_len: the longest text in a key, in characters. Defaults to
+      DEFAULT_PREFIX_CHAR_LEN.
+    delimiters: strings that end the shared part of the first message's
+      content. Defaults to ``()``: chat templates keep per-request text in
+      later messages.
+  """
+  def __init__(
+      self,
+      prefix_char_len: int = DEFAULT_PREFIX_CHAR_LEN,
+      delimiters: Optional[Sequence[str]] = None):
+    self._prefix = _TextPrefix(
+        prefix_char_len, () if delimiters is None else delimiters)
+
+  @property
+  def prefix_char_len(self) -> int:
+    return self._prefix.prefix_char_len
+
+  @property
+  def delimiters(self) -> tuple[str, ...]:
+    return self._prefix.delimiters
+
+  def __call__(self, messages: Sequence[Any]) -> tuple[str, str]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+      raise TypeError(
+          'ChatPrefixKeyFn keys a sequence of chat messages, got a '
+          f'{type(messages).__name__}.')
+    if not messages:
+      raise ValueError('ChatPrefixKeyFn cannot key an empty conversation.')
+    role, content = self._role_and_content(messages[0])
+    return role, self._prefix(self._content_text(content))
+
+  @staticmethod
+  def _role_and_content(message):
+    if isinstance(message, Mapping):
+      if 'role' in message and 'content' in message:
+        role, content = message['role'], message['content']
+      else:
+        raise ValueError(
+            'ChatPrefixKeyFn needs a "role" and a "content" in a chat '
+            f'message, got the keys {sorted(message)}.')
+    elif hasattr(message, 'role') and hasattr(message, 'content'):
+      role, content = message.role, message.content
+    else:
+      raise TypeError(
+          'ChatPrefixKeyFn needs chat messages with role and content, as '
+          f'dicts or attributes, got a {type(message).__name__}.')
+    if not isinstance(role, str):
+      raise TypeError(
+          f'ChatPrefixKeyFn needs a str role, got {role!r} in a message.')
+    return role, content
+
+  def _content_text(self, content) -> str:
+    if content is None or isinstance(content, str):
+      return content or ''
+    if isinstance(content, Sequence):
+      pieces, length = [], 0
+      for part in content:
+        if length >= self._prefix.window:
+          break
+        text = self._part_text(part)
+        pieces.append(text)
+        length += len(text)
+      return ''.join(pieces)
+    raise TypeError(
+        'ChatPrefixKeyFn needs message content that is a str, None or a '
+        f'list of content parts, got a {type(content).__name__}.')
+
+  def _part_text(self, part) -> str:
+    part_type = part.get('type') if isinstance(part, Mapping) else None
+    if not isinstance(part_type, str):
+      raise TypeError(
+          'ChatPrefixKeyFn needs content parts that are dicts with a '
+          f'"type", got {part!r:.80}.')
+    if part_type == 'text':
+      text = part.get('text')
+      if not isinstance(text, str):
+        raise TypeError(
+            f'ChatPrefixKeyFn needs a str "text" in a text part, got '
+            f'{text!r:.80}.')
+      return text[:self._prefix.window]
+    return f'<{part_type}>'
+
+  def __repr__(self):
+    return (
+        f'ChatPrefixKeyFn(prefix_char_len={self.prefix_char_len}, '
+        f'delimiters={self.delimiters!r})')
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixBatchingConfig(object):
+  """How an LLM model handler batches requests by prompt prefix.
+
+  Requests whose prompts share a prefix are routed to the same worker and
+  batched together, so that the server's prefix cache is reused (see the
+  module docstring). Handlers that take this config key requests with their
+  own default extractor (for example PromptPrefixKeyFn for completions,
+  ChatPrefixKeyFn for chat) unless key_fn is given.
+
+  Args:
+    num_shards: how many sub-keys, each batched on its own, a prefix may be
+      spread over: an int, a mapping from keys to ints, or a callable from a
+      key to an int (see BatchElements' num_shards). One shard gives the
+      most cache reuse but serves a prefix on one worker at a time, which
+      caps a prefix shared by most of the traffic at one worker's
+      throughput; more shards spread such a prefix over more workers, each
+      of which computes the prefix once. Defaults to 8.
+    prefix_char_len: the longest key text, in characters, for the default
+      extractor. Defaults to DEFAULT_PREFIX_CHAR_LEN.
+    prefix_delimiters: the delimiters of the default extractor, for example
+      ``(':',)`` for prompts whose shared instructions end with a colon.
+      Defaults to the extractor's own.
+    key_fn: a callable mapping a request to its key, replacing the default
+      extractor. It should return small values whose str() is the same in
+      every process (see BatchElements' key_fn).
+  """
+  num_shards: _ShardSpec = 8
+  prefix_char_len: Optional[int] = None
+  prefix_delimiters: Optional[Sequence[str]] = None
+  key_fn: Optional[Callable[[Any], Any]] = None
+
+  def __post_init__(self):
+    _validate_num_shards(self.num_shards)
+    if self.prefix_char_len is not None:
+      _check_prefix_char_len(self.prefix_char_len)
+    if self.prefix_delimiters is not None:
+      _check_delimiters(self.prefix_delimiters, 'prefix_delimiters')
+    if self.key_fn is not None:
+      if not callable(self.key_fn):
+        raise TypeError(f'key_fn must be callable, got {self.key_fn!r}.')
+      if self.prefix_char_len is not None or self.prefix_delimiters is not None:
+        raise ValueError(
+            'prefix_char_len and prefix_delimiters configure the default '
+            'extractor, which key_fn replaces; set either key_fn or them.')
+
+  def resolve(
+      self, default_extractor: Callable[..., Callable[[Any], Any]]
+  ) -> tuple[Callable[[Any], Any], _ShardSpec]:
+    """Returns the key function and the shard spec a handler batches with.
+
+    Args:
+      default_extractor: the handler's extractor factory, such as
+        PromptPrefixKeyFn; called with prefix_char_len and delimiters=
+        unless key_fn is set.
+    """
+    if self.key_fn is not None:
+      return self.key_fn, self.num_shards
+    key_fn = default_extractor(
+        DEFAULT_PREFIX_CHAR_LEN
+        if self.prefix_char_len is None else self.prefix_char_len,
+        delimiters=self.prefix_delimiters)
+    return key_fn, self.num_shards

@@ -1,0 +1,315 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Tests for apache_beam.ml.inference.prefix_batching."""
+
+# pytype: skip-file
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+from parameterized import param
+from parameterized import parameterized
+
+from apache_beam.ml.inference import prefix_batching
+from apache_beam.ml.inference.prefix_batching import DEFAULT_PREFIX_CHAR_LEN
+from apache_beam.ml.inference.prefix_batching import ChatPrefixKeyFn
+from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
+from apache_beam.ml.inference.prefix_batching import PromptPrefixKeyFn
+
+try:
+  from apache_beam.ml.inference.vllm_inference import OpenAIChatMessage
+except ImportError:
+  OpenAIChatMessage = None  # type: ignore[assignment,misc]
+
+
+class _NoFullScan(str):
+  """A prompt that fails the test if it is searched as a whole."""
+  def _searched(self, *unused_args, **unused_kwargs):
+    raise AssertionError('the whole prompt was searched')
+
+  find = index = rfind = split = partition = count = _searched
+  __contains__ = _searched
+
+
+@dataclasses.dataclass
+class _Message:
+  role: str
+  content: object
+
+
+class PromptPrefixKeyFnTest(unittest.TestCase):
+  def test_keys_by_the_leading_characters(self):
+    self.assertEqual(PromptPrefixKeyFn(5)('abcdefgh'), 'abcde')
+    self.assertEqual(PromptPrefixKeyFn(5)('abc'), 'abc')
+    self.assertEqual(PromptPrefixKeyFn()('x' * 1000), 'x' * 256)
+    self.assertEqual(DEFAULT_PREFIX_CHAR_LEN, 256)
+
+  def test_a_blank_line_ends_the_key_by_default(self):
+    key_fn = PromptPrefixKeyFn()
+    self.assertEqual(
+        key_fn('Translate to French.\n\nHello there'), 'Translate to French.')
+    self.assertEqual(
+        key_fn('Translate to French.\n\nGood night'), 'Translate to French.')
+
+  def test_delimiters_past_the_length_are_ignored(self):
+    self.assertEqual(PromptPrefixKeyFn(4)('abcdefg\n\nh'), 'abcd')
+
+  def test_a_delimiter_may_straddle_the_length(self):
+    self.assertEqual(PromptPrefixKeyFn(4)('abc\n\nd'), 'abc')
+    self.assertEqual(
+        PromptPrefixKeyFn(4, delimiters=('::::', ))('ab::::c'), 'ab')
+
+  def test_earliest_delimiter_wins(self):
+    for delimiters in ((':', '\n\n'), ('\n\n', ':')):
+      key_fn = PromptPrefixKeyFn(delimiters=delimiters)
+      self.assertEqual(key_fn('Pick one: x\n\ny'), 'Pick one')
+      self.assertEqual(key_fn('Pick\n\none: x'), 'Pick')
+
+  def test_no_delimiters(self):
+    self.assertEqual(
+        PromptPrefixKeyFn(6, delimiters=())('ab\n\ncdef'), 'ab\n\ncd')
+
+  def test_a_leading_delimiter_is_ignored(self):
+    self.assertEqual(PromptPrefixKeyFn()('\n\nabc\n\nd'), '\n\nabc')
+
+  def test_search_is_bounded_by_the_prefix(self):
+    key_fn = PromptPrefixKeyFn(10)
+    huge = _NoFullScan('x' * (8 << 20))
+    self.assertEqual(key_fn(huge), 'x' * 10)
+    self.assertEqual(key_fn(_NoFullScan('ab\n\n' + 'y' * (8 << 20))), 'ab')
+
+  @parameterized.expand([
+      param(b'bytes', 'bytes'),
+      param(None, 'NoneType'),
+      param(['a'], 'list'),
+  ])
+  def test_non_str_prompts_are_refused(self, prompt, type_name):
+    with self.assertRaisesRegex(TypeError, f'got a {type_name}'):
+      PromptPrefixKeyFn()(prompt)
+
+  @parameterized.expand([
+      param({'prefix_char_len': 0}, ValueError, 'prefix_char_len .*got 0'),
+      param({'prefix_char_len': True}, ValueError, 'got True'),
+      param({'prefix_char_len': '5'}, ValueError, "got '5'"),
+      param({'delimiters': '\n\n'}, TypeError, 'sequence of strings'),
+      param({'delimiters': ('', )}, ValueError, "got '' in"),
+      param({'delimiters': (1, )}, ValueError, 'got 1 in'),
+  ])
+  def test_validation(self, kwargs, error, message):
+    for key_fn_class in (PromptPrefixKeyFn, ChatPrefixKeyFn):
+      with self.assertRaisesRegex(error, message):
+        key_fn_class(**kwargs)
+
+  def test_keys_are_the_same_in_every_process(self):
+    prompts = ['System: be brief.\n\nWhat is Beam?', 'Zusammenfassung: ' * 40]
+    code = (
+        'import json, sys\n'
+        'from apache_beam.ml.inference.prefix_batching import *\n'
+        'prompts = json.loads(sys.argv[1])\n'
+        'print(json.dumps([PromptPrefixKeyFn()(p) for p in prompts] +\n'
+        '    [ChatPrefixKeyFn()([{"role": "system", "content": p}])\n'
+        '     for p in prompts]))\n')
+    outputs = set()
+    for seed in ('0', '1', '12345'):
+      env = dict(
+          os.environ, PYTHONHASHSEED=seed, PYTHONPATH=os.pathsep.join(sys.path))
+      outputs.add(
+          subprocess.run([sys.executable, '-c', code, json.dumps(prompts)],
+                         env=env,
+                         capture_output=True,
+                         text=True,
+                         check=True).stdout)
+    self.assertEqual(len(outputs), 1)
+    self.assertEqual(
+        json.loads(outputs.pop())[:2],
+        [PromptPrefixKeyFn()(p) for p in prompts])
+
+
+class ChatPrefixKeyFnTest(unittest.TestCase):
+  def test_keys_dict_messages_by_the_first_one(self):
+    key_fn = ChatPrefixKeyFn(prefix_char_len=12)
+    system = dict(role='system', content='You are a helpful assistant.')
+    self.assertEqual(
+        key_fn([system, dict(role='user', content='Hi')]),
+        ('system', 'You are a he'))
+    self.assertEqual(
+        key_fn([system, dict(role='user', content='Other')]),
+        ('system', 'You are a he'))
+
+  def test_role_is_part_of_the_key(self):
+    key_fn = ChatPrefixKeyFn()
+    self.assertNotEqual(
+        key_fn([dict(role='system', content='Hello')]),
+        key_fn([dict(role='user', content='Hello')]))
+
+  def test_keys_message_objects(self):
+    self.assertEqual(
+        ChatPrefixKeyFn(5)([_Message('user', 'abcdefgh')]), ('user', 'abcde'))
+
+  @unittest.skipIf(OpenAIChatMessage is None, 'openai is not installed')
+  def test_keys_openai_chat_messages(self):
+    conversation = [
+        OpenAIChatMessage('system', 'Answer in French.'),
+        OpenAIChatMessage('user', 'Hello'),
+    ]
+    self.assertEqual(
+        ChatPrefixKeyFn()(conversation), ('system', 'Answer in French.'))
+
+  def test_content_parts(self):
+    parts = [
+        dict(type='text', text='Describe'),
+        dict(type='image_url', image_url=dict(url='data:image/png;base64,AA')),
+        dict(type='text', text=' this.'),
+    ]
+    conversation = [dict(role='user', content=parts)]
+    self.assertEqual(
+        ChatPrefixKeyFn()(conversation), ('user', 'Describe<image_url> this.'))
+    self.assertEqual(ChatPrefixKeyFn(10)(conversation), ('user', 'Describe<i'))
+
+  def test_content_parts_are_read_only_up_to_the_prefix(self):
+    parts = [
+        dict(type='text', text='abc'),
+        dict(type='text', text='x' * 10),
+        'not a part',
+    ]
+    self.assertEqual(
+        ChatPrefixKeyFn(8)([dict(role='user', content=parts)]),
+        ('user', 'abcxxxxx'))
+
+  def test_empty_content(self):
+    self.assertEqual(
+        ChatPrefixKeyFn()([dict(role='assistant', content=None)]),
+        ('assistant', ''))
+
+  def test_delimiters(self):
+    rules = [dict(role='system', content='Rules---Today is Monday')]
+    self.assertEqual(
+        ChatPrefixKeyFn(delimiters=('---', ))(rules), ('system', 'Rules'))
+    blank_line = [dict(role='system', content='a\n\nb')]
+    self.assertEqual(ChatPrefixKeyFn()(blank_line), ('system', 'a\n\nb'))
+
+  @parameterized.expand([
+      param('a str', 'hello', TypeError, 'got a str'),
+      param('a dict', dict(role='user'), TypeError, 'got a dict'),
+      param('None', None, TypeError, 'got a NoneType'),
+      param('empty', [], ValueError, 'empty conversation'),
+      param('no role', [dict(content='x')], ValueError, r"keys \['content'\]"),
+      param('no content', [dict(role='x')], ValueError, r"keys \['role'\]"),
+      param('a bare str message', ['hello'], TypeError, 'got a str'),
+      param('a tuple message', [('user', 'hi')], TypeError, 'got a tuple'),
+      param(
+          'a non-str role', [dict(role=1, content='x')], TypeError, 'str role'),
+      param(
+          'int content', [dict(role='user', content=5)], TypeError,
+          'got a int'),
+      param(
+          'a part without type', [dict(role='user', content=[dict(text='x')])],
+          TypeError,
+          'with a "type"'),
+      param(
+          'a text part without text',
+          [dict(role='user', content=[dict(type='text')])],
+          TypeError,
+          'str "text"'),
+  ])
+  def test_unknown_shapes_are_refused(
+      self, unused_name, messages, error, message):
+    with self.assertRaisesRegex(error, message):
+      ChatPrefixKeyFn()(messages)
+
+
+class PrefixBatchingConfigTest(unittest.TestCase):
+  def test_defaults(self):
+    key_fn, num_shards = PrefixBatchingConfig().resolve(PromptPrefixKeyFn)
+    self.assertEqual(num_shards, 8)
+    self.assertIsInstance(key_fn, PromptPrefixKeyFn)
+    self.assertEqual(key_fn.prefix_char_len, DEFAULT_PREFIX_CHAR_LEN)
+    self.assertEqual(key_fn.delimiters, ('\n\n', ))
+    chat_key_fn, _ = PrefixBatchingConfig().resolve(ChatPrefixKeyFn)
+    self.assertEqual(chat_key_fn.delimiters, ())
+
+  def test_resolve_calls_the_extractor_with_the_settings(self):
+    calls = []
+
+    def extractor(*args, **kwargs):
+      calls.append((args, kwargs))
+      return len
+
+    config = PrefixBatchingConfig(
+        prefix_char_len=32, prefix_delimiters=(':', ))
+    self.assertEqual(config.resolve(extractor), (len, 8))
+    self.assertEqual(calls, [((32, ), {
+        'delimiters': (':', )
+    })])
+
+  def test_overrides_reach_the_extractor(self):
+    config = PrefixBatchingConfig(
+        num_shards={'Pick one': 2},
+        prefix_char_len=20,
+        prefix_delimiters=(':', ))
+    key_fn, num_shards = config.resolve(PromptPrefixKeyFn)
+    self.assertEqual(key_fn('Pick one: a or b'), 'Pick one')
+    self.assertEqual(key_fn('x' * 30), 'x' * 20)
+    self.assertEqual(num_shards, {'Pick one': 2})
+
+  def test_key_fn_replaces_the_extractor(self):
+    def extractor(*unused_args, **unused_kwargs):
+      raise AssertionError('the default extractor was used')
+
+    config = PrefixBatchingConfig(num_shards=2, key_fn=str.lower)
+    self.assertEqual(config.resolve(extractor), (str.lower, 2))
+
+  @parameterized.expand([
+      param(
+          dict(num_shards=0), ValueError, 'num_shards must be a positive int'),
+      param(dict(num_shards=True), TypeError, 'num_shards .*got True'),
+      param(dict(num_shards=dict(a=0)), ValueError, r"num_shards\['a'\]"),
+      param(dict(prefix_char_len=0), ValueError, 'prefix_char_len'),
+      param(dict(prefix_delimiters=':'), TypeError, 'prefix_delimiters'),
+      param(
+          dict(key_fn='key'), TypeError, "key_fn must be callable, got 'key'"),
+      param(
+          dict(key_fn=len, prefix_delimiters=(':', )),
+          ValueError,
+          'set either key_fn or them'),
+      param(
+          dict(key_fn=len, prefix_char_len=5),
+          ValueError,
+          'set either key_fn or them'),
+  ])
+  def test_validation(self, kwargs, error, message):
+    with self.assertRaisesRegex(error, message):
+      PrefixBatchingConfig(**kwargs)
+
+  def test_module_exports(self):
+    self.assertEqual(
+        sorted(prefix_batching.__all__),
+        [
+            'ChatPrefixKeyFn',
+            'DEFAULT_PREFIX_CHAR_LEN',
+            'PrefixBatchingConfig',
+            'PromptPrefixKeyFn'
+        ])
+
+
+if __name__ == '__main__':
+  unittest.main()
