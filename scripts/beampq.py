@@ -1159,6 +1159,21 @@ def regression_modules(sdk: Path) -> list[str]:
   return sorted(modules)
 
 
+def classify_failures(failed: list[str], failed_again: list[str],
+                      failed_before: list[str]) -> dict[str, list[str]]:
+  """Sorts the tests that failed on the patched tree by what their reruns
+  did: failed on the pristine base too, passed on a rerun, or neither."""
+  return {
+      'also fails on the pristine base': [
+          t for t in failed if t in failed_before
+      ],
+      'flaky: passed when rerun': [
+          t for t in failed if t not in failed_before and t not in failed_again
+      ],
+      'NEW': [t for t in failed if t not in failed_before and t in failed_again],
+  }
+
+
 def regression(project: Project, pytest_args: list[str]) -> int:
   """Runs the wider suites on the patched tree; failures that also occur on
   the pristine base are listed as such, and only new ones fail the run."""
@@ -1173,22 +1188,24 @@ def regression(project: Project, pytest_args: list[str]) -> int:
   if code not in (0, 1):
     raise Error(f'pytest exited with {code} on the patched tree')
   files = sorted({test.split('::')[0] for test in failed})
-  rerun = [f for f in files if (pristine / f).is_file()]
+  failed_again: list[str] = []
   failed_before: list[str] = []
-  if rerun:
-    print(f'beampq: rerunning {len(rerun)} files with failures on the '
-          'pristine base', flush=True)
-    pytest_on(project, pristine, rerun, failed_before)
-  old = [test for test in failed if test in failed_before]
-  new = [test for test in failed if test not in failed_before]
+  if files:
+    print(f'beampq: rerunning the {len(files)} files with failures on the '
+          'patched tree and on the pristine base', flush=True)
+    pytest_on(project, sdk, files, failed_again)
+    pytest_on(
+        project, pristine, [f for f in files if (pristine / f).is_file()],
+        failed_before)
+  verdicts = classify_failures(failed, failed_again, failed_before)
   minutes = (time.monotonic() - started) / 60
-  print(f'beampq: regression: {len(failed)} failures on the patched tree in '
-        f'{minutes:.1f} min; {len(old)} also fail on the pristine base, '
-        f'{len(new)} are new')
-  for label, tests in (('also on the pristine base', old), ('NEW', new)):
+  print(f'beampq: regression: {len(targets)} modules in {minutes:.1f} min; '
+        f'{len(failed)} failures on the patched tree: ' + ', '.join(
+            f'{len(tests)} {verdict}' for verdict, tests in verdicts.items()))
+  for verdict, tests in verdicts.items():
     for test in tests:
-      print(f'  {label}: {test}')
-  return 1 if new else 0
+      print(f'  {verdict}: {test}')
+  return 1 if verdicts['NEW'] else 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -643,6 +643,40 @@ def test_main_reports_errors_in_one_line(tmp_path, capsys, monkeypatch):
   assert len(err.splitlines()) == 1
 
 
+def test_regression_failures_are_classified():
+  verdicts = beampq.classify_failures(
+      failed=['a.py::old', 'a.py::flaky', 'b.py::new'],
+      failed_again=['a.py::old', 'b.py::new'],
+      failed_before=['a.py::old', 'c.py::other'])
+  assert verdicts == {
+      'also fails on the pristine base': ['a.py::old'],
+      'flaky: passed when rerun': ['a.py::flaky'],
+      'NEW': ['b.py::new'],
+  }
+
+
+def test_regression_modules_cover_batch_elements_users(tmp_path):
+  sdk = tmp_path
+  files = {
+      'apache_beam/transforms/util_test.py': '',
+      'apache_beam/ml/inference/base_test.py': '',
+      'apache_beam/io/uses.py': 'beam.BatchElements()',
+      'apache_beam/io/uses_test.py': '',
+      'apache_beam/io/other.py': '',
+      'apache_beam/io/other_test.py': '',
+      'apache_beam/examples/ex.py': 'BatchElements',
+      'apache_beam/examples/ex_test.py': '',
+  }
+  for path, text in files.items():
+    (sdk / path).parent.mkdir(parents=True, exist_ok=True)
+    (sdk / path).write_text(text)
+  assert beampq.regression_modules(sdk) == [
+      'apache_beam/io/uses_test.py',
+      'apache_beam/ml/inference/base_test.py',
+      'apache_beam/transforms/util_test.py',
+  ]
+
+
 # --------------------------------------------------------------------------
 # The real queue against the real pinned base.
 
