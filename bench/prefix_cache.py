@@ -14,6 +14,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 #
+
 """A model of a fleet of LLM servers and their prefix caches (stdlib only).
 
 bench/run.py gets batches from the real Beam transforms, places each batch

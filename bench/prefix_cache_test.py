@@ -14,6 +14,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 #
+
 """Tests of the benchmark's fleet and prefix-cache model."""
 
 import sys
@@ -98,8 +99,9 @@ def test_evaluate_replays_batches_in_the_order_they_are_sent():
 
 
 def test_bound_computes_each_prefix_once():
-  assert prefix_cache.bound(SMALL, [0, 0, 1])['hit_rate'] == pytest.approx(
-      1 - (2 * 64 + 3 * 16) / (3 * 80))
+  assert prefix_cache.bound(
+      SMALL,
+      [0, 0, 1])['hit_rate'] == pytest.approx(1 - (2 * 64 + 3 * 16) / (3 * 80))
 
 
 def test_worker_of_is_stable():

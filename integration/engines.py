@@ -14,6 +14,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 #
+
 """Real LLM engines on this machine's CPU, for the opt-in integration test
 and the benchmark: tiny random-weight models made locally (there is no model
 hub), and the settings the engines need to run here.
@@ -106,8 +107,8 @@ def tiny_llama_hf(dest: Path = MODELS / 'tiny-llama-hf') -> Path:
 
 def prometheus_counters(port: int, names) -> dict:
   """Reads the named counters from a server's /metrics, summed over labels."""
-  with urllib.request.urlopen(
-      f'http://127.0.0.1:{port}/metrics', timeout=30) as response:
+  with urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics',
+                              timeout=30) as response:
     text = response.read().decode()
   values = {name: 0.0 for name in names}
   for line in text.splitlines():

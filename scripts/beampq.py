@@ -15,6 +15,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 #
+
 """beampq: the patch queue of this repository against a pinned Beam release.
 
 The queue is ``patches/series``: patches to existing upstream files, in
@@ -83,8 +84,15 @@ TOOL_IDENTITY = {
 }
 # Build outputs that must not make the tree look edited.
 TREE_EXCLUDES = [
-    '__pycache__/', '*.pyc', '.pytest_cache/', '.mypy_cache/', '*.so', '*.c',
-    '*.egg-info/', 'build/', 'pytest_*.xml'
+    '__pycache__/',
+    '*.pyc',
+    '.pytest_cache/',
+    '.mypy_cache/',
+    '*.so',
+    '*.c',
+    '*.egg-info/',
+    'build/',
+    'pytest_*.xml'
 ]
 SERIES_HEADER = """\
 # The patch queue, applied in order to the base in base.cfg.
@@ -315,7 +323,7 @@ def find_sdist(index: str, base: Base) -> tuple[str, Optional[str]]:
       page,
       headers={
           'Accept': 'application/vnd.pypi.simple.v1+json, '
-                    'text/html;q=0.1'
+          'text/html;q=0.1'
       })
   try:
     with urllib.request.urlopen(request, timeout=60) as response:
@@ -418,7 +426,8 @@ def _extract_sdist(tarball: Path, dest: Path):
 
 def _check_applies(tree: Path, patch: Path, label: str):
   """Fails unless the patch applies exactly: no fuzz, no offsets."""
-  check = git('apply', '--check', '--verbose', str(patch), cwd=tree, check=False)
+  check = git(
+      'apply', '--check', '--verbose', str(patch), cwd=tree, check=False)
   output = check.stdout + check.stderr
   if check.returncode != 0:
     failed = re.search(r'error: patch failed: (\S+):(\d+)', output)
@@ -432,8 +441,8 @@ def _check_applies(tree: Path, patch: Path, label: str):
     raise Error(f'{label} does not apply: {where}')
   moved = re.search(r'Hunk #(\d+) succeeded at (\d+) \((offset|fuzz)', output)
   if moved:
-    current = re.findall(r'^Checking patch (\S+)\.\.\.', output[:moved.start()],
-                         re.M)
+    current = re.findall(
+        r'^Checking patch (\S+)\.\.\.', output[:moved.start()], re.M)
     raise Error(
         f'{label} applies only with an {moved.group(3)}: '
         f'{current[-1] if current else "?"} hunk #{moved.group(1)} lands at '
@@ -486,8 +495,9 @@ def build_tree(project: Project, dest: Path, quiet: bool = False) -> str:
     patch = project.patches / entry.patch
     label = f'patches/{entry.patch}'
     if not patch.is_file():
-      raise Error(f'{project.rel(project.series_file)} names {label}, '
-                  'which does not exist')
+      raise Error(
+          f'{project.rel(project.series_file)} names {label}, '
+          'which does not exist')
     _check_applies(dest, patch, label)
     applied = git(
         'am',
@@ -500,17 +510,20 @@ def build_tree(project: Project, dest: Path, quiet: bool = False) -> str:
         check=False)
     if applied.returncode != 0:
       git('am', '--abort', cwd=dest, check=False)
-      raise Error(f'{label} does not apply: git am failed: '
-                  f'{applied.stderr.strip().splitlines()[-1:]}')
+      raise Error(
+          f'{label} does not apply: git am failed: '
+          f'{applied.stderr.strip().splitlines()[-1:]}')
     for path in entry.new_files:
       source = project.root / path
       if not source.is_file():
-        raise Error(f'{project.rel(project.series_file)} lists {path} under '
-                    f'{entry.patch}, but {path} does not exist')
+        raise Error(
+            f'{project.rel(project.series_file)} lists {path} under '
+            f'{entry.patch}, but {path} does not exist')
       target = dest / path
       if target.exists():
-        raise Error(f'{path} is listed as a new file of {entry.patch}, but '
-                    'the tree already has it')
+        raise Error(
+            f'{path} is listed as a new file of {entry.patch}, but '
+            'the tree already has it')
       target.parent.mkdir(parents=True, exist_ok=True)
       shutil.copyfile(source, target)
       git('add', path, cwd=dest)
@@ -581,8 +594,8 @@ def ensure_tree(
 # refresh: export the tree's commits back to patches/ and sdks/.
 
 
-def _format_patch(tree: Path, commit: str, number: int, out: Path,
-                  paths: list[str]) -> Path:
+def _format_patch(
+    tree: Path, commit: str, number: int, out: Path, paths: list[str]) -> Path:
   git(
       'format-patch',
       '-1',
@@ -605,7 +618,11 @@ def _format_patch(tree: Path, commit: str, number: int, out: Path,
 
 def export_queue(tree: Path, base_commit: str, out: Path) -> list[Entry]:
   """Writes the commits base..HEAD as out/patches/*.patch and out/sdks/..."""
-  if git('merge-base', '--is-ancestor', base_commit, 'HEAD', cwd=tree,
+  if git('merge-base',
+         '--is-ancestor',
+         base_commit,
+         'HEAD',
+         cwd=tree,
          check=False).returncode != 0:
     raise Error(f'{tree} HEAD does not descend from the pristine base')
   if git_out('rev-list', '--merges', f'{base_commit}..HEAD', cwd=tree):
@@ -613,8 +630,8 @@ def export_queue(tree: Path, base_commit: str, out: Path) -> list[Entry]:
   commits = git_out(
       'rev-list', '--reverse', f'{base_commit}..HEAD', cwd=tree).split()
   upstream = set(
-      git_out('ls-tree', '-r', '--name-only', base_commit, cwd=tree).split(
-          '\n'))
+      git_out('ls-tree', '-r', '--name-only', base_commit,
+              cwd=tree).split('\n'))
   (out / 'patches').mkdir(parents=True)
   owner: dict[str, str] = {}
   entries = []
@@ -647,8 +664,8 @@ def export_queue(tree: Path, base_commit: str, out: Path) -> list[Entry]:
     modified = [path for _, path in changed if path in upstream]
     if not changed:
       raise Error(f'"{subject}" changes nothing; drop it')
-    patch = _format_patch(tree, commit, number, out / 'patches', modified or
-                          added)
+    patch = _format_patch(
+        tree, commit, number, out / 'patches', modified or added)
     if not modified:
       # Only new files: keep the message, the files travel in sdks/.
       text = patch.read_text()
@@ -673,16 +690,19 @@ def refresh(project: Project):
   tree = project.tree
   stamp = read_stamp(tree) if tree.exists() else None
   if stamp is None:
-    raise Error(f'{project.rel(tree)} is not a tree built by beampq; '
-                'run `beampq tree` first')
+    raise Error(
+        f'{project.rel(tree)} is not a tree built by beampq; '
+        'run `beampq tree` first')
   in_progress = operation_in_progress(tree)
   if in_progress:
-    raise Error(f'a {in_progress} is in progress in {project.rel(tree)}; '
-                'finish or abort it first')
+    raise Error(
+        f'a {in_progress} is in progress in {project.rel(tree)}; '
+        'finish or abort it first')
   dirty = is_dirty(tree)
   if dirty:
-    raise Error(f'{project.rel(tree)} has uncommitted changes '
-                f'({dirty[0].strip()}, ...): commit them first')
+    raise Error(
+        f'{project.rel(tree)} has uncommitted changes '
+        f'({dirty[0].strip()}, ...): commit them first')
   with tempfile.TemporaryDirectory(dir=project.build) as scratch:
     out = Path(scratch)
     entries = export_queue(tree, stamp['base'], out)
@@ -725,8 +745,9 @@ def check(project: Project):
       continue
     for path in _patched_paths(patch):
       if path in listed_new:
-        problems.append(f'{entry.patch} changes {path}, a new file of the '
-                        'series; new files live only in sdks/')
+        problems.append(
+            f'{entry.patch} changes {path}, a new file of the '
+            'series; new files live only in sdks/')
   for patch in sorted(project.patches.glob('*.patch')):
     if patch.name not in {e.patch for e in entries}:
       problems.append(f'patches/{patch.name} is not in the series')
@@ -746,8 +767,9 @@ def check(project: Project):
   stamp = read_stamp(tree) if tree.exists() else None
   changes = tree_changes(tree, stamp) if stamp is not None else []
   if changes:
-    problems.append(f'{project.rel(tree)} has work that is not in patches/ '
-                    f'({"; ".join(changes)}): run `beampq refresh`')
+    problems.append(
+        f'{project.rel(tree)} has work that is not in patches/ '
+        f'({"; ".join(changes)}): run `beampq refresh`')
   if not problems:
     problems.extend(_round_trip(project))
   if problems:
@@ -784,14 +806,16 @@ def _round_trip(project: Project) -> list[str]:
     problems = []
     if (out / 'patches' / 'series').read_bytes() != _read_bytes(
         project.series_file):
-      problems.append('patches/series is stale: the tree exports it as ' +
-                      ', '.join(e.patch for e in entries))
+      problems.append(
+          'patches/series is stale: the tree exports it as ' +
+          ', '.join(e.patch for e in entries))
     for entry in entries:
       exported = (out / 'patches' / entry.patch).read_bytes()
       ours = project.patches / entry.patch
       if ours.is_file() and ours.read_bytes() != exported:
-        problems.append(f'patches/{entry.patch} is stale: run `beampq tree` '
-                        'and `beampq refresh`')
+        problems.append(
+            f'patches/{entry.patch} is stale: run `beampq tree` '
+            'and `beampq refresh`')
     return problems
 
 
@@ -809,8 +833,8 @@ def read_changes(path: Path) -> dict[str, list[str]]:
 def read_changes_text(text: str,
                       name: str = 'CHANGES.md') -> dict[str, list[str]]:
   lines = text.splitlines()
-  start = next((i for i, line in enumerate(lines) if CHANGES_HEADING.match(line)),
-               None)
+  start = next(
+      (i for i, line in enumerate(lines) if CHANGES_HEADING.match(line)), None)
   if start is None:
     raise Error(f'{name} has no "# [x.y.z] - Unreleased" section')
   sections: dict[str, list[str]] = {}
@@ -827,34 +851,38 @@ def read_changes_text(text: str,
       sections[heading].append(line)
     elif line.startswith('  ') and heading and sections[heading]:
       sections[heading][-1] += '\n' + line
-  entries = {h: [e for e in es if PLACEHOLDER not in e]
-             for h, es in sections.items()}
+  entries = {
+      h: [e for e in es if PLACEHOLDER not in e]
+      for h, es in sections.items()
+  }
   for heading, items in entries.items():
     for entry in items:
       if not re.search(
           r'\(\[#\d+\]\(https://github\.com/apache/beam/(issues|pull)/\d+\)'
           r'\)\.$',
           entry):
-        raise Error(f'{name}: entry under "{heading}" does not end with '
-                    'a ([#N](https://github.com/apache/beam/issues/N)). link: '
-                    f'{entry[:60]}...')
+        raise Error(
+            f'{name}: entry under "{heading}" does not end with '
+            'a ([#N](https://github.com/apache/beam/issues/N)). link: '
+            f'{entry[:60]}...')
   return {h: es for h, es in entries.items() if es}
 
 
 def insert_changes(text: str, entries: dict[str, list[str]]) -> tuple[str, int]:
   """Adds entries under their headings in the top Unreleased section."""
   lines = text.splitlines()
-  start = next((i for i, line in enumerate(lines) if CHANGES_HEADING.match(line)),
-               None)
+  start = next(
+      (i for i, line in enumerate(lines) if CHANGES_HEADING.match(line)), None)
   if start is None:
     raise Error('CHANGES.md has no "# [x.y.z] - Unreleased" section')
-  end = next((i for i in range(start + 1, len(lines))
-              if lines[i].startswith('# ')),
-             len(lines))
+  end = next(
+      (i for i in range(start + 1, len(lines)) if lines[i].startswith('# ')),
+      len(lines))
   added = 0
   for heading, items in entries.items():
-    at = next((i for i in range(start + 1, end)
-               if lines[i].strip() == f'## {heading}'),
+    at = next((
+        i
+        for i in range(start + 1, end) if lines[i].strip() == f'## {heading}'),
               None)
     if at is None:
       lines[end:end] = [f'## {heading}', '']
@@ -929,17 +957,19 @@ def apply(project: Project, checkout: Path):
   top = git('rev-parse', '--show-toplevel', cwd=checkout, check=False)
   if top.returncode != 0 or Path(top.stdout.strip()).resolve() != checkout:
     raise Error(f'{checkout} is not the top of a git checkout')
-  if not (checkout / project.base.subdir / 'apache_beam' / '__init__.py'
-          ).is_file():
-    raise Error(f'{checkout} is not a Beam checkout: it has no '
-                f'{project.base.subdir}/apache_beam package')
+  if not (checkout / project.base.subdir / 'apache_beam' /
+          '__init__.py').is_file():
+    raise Error(
+        f'{checkout} is not a Beam checkout: it has no '
+        f'{project.base.subdir}/apache_beam package')
   in_progress = operation_in_progress(checkout)
   if in_progress:
     raise Error(f'a {in_progress} is in progress in {checkout}')
   dirty = is_dirty(checkout, isolated=False)
   if dirty:
-    raise Error(f'{checkout} has uncommitted changes ({dirty[0].strip()}, '
-                '...): commit or stash them first')
+    raise Error(
+        f'{checkout} has uncommitted changes ({dirty[0].strip()}, '
+        '...): commit or stash them first')
   entries = read_changes(project.changes)
   original = git_out('rev-parse', 'HEAD', cwd=checkout, isolated=False)
   with queue_tree(project) as tree, tempfile.TemporaryDirectory() as scratch:
@@ -947,14 +977,21 @@ def apply(project: Project, checkout: Path):
     try:
       for patch in patches:
         result = git(
-            'am', '-3', '--quiet', '--keep-non-patch', '--empty=keep',
+            'am',
+            '-3',
+            '--quiet',
+            '--keep-non-patch',
+            '--empty=keep',
             str(patch),
-            cwd=checkout, isolated=False, check=False)
+            cwd=checkout,
+            isolated=False,
+            check=False)
         if result.returncode != 0:
           output = result.stdout + result.stderr
           where = re.findall(
               r'(?:patch failed: |CONFLICT \(content\): Merge conflict in )'
-              r'(\S+)', output)
+              r'(\S+)',
+              output)
           raise Error(
               f'{patch.name} does not apply to {checkout}'
               f'{": " + where[0] if where else ""} (git am -3 failed; the '
@@ -966,9 +1003,13 @@ def apply(project: Project, checkout: Path):
         if added:
           changes.write_text(text)
           git('add', 'CHANGES.md', cwd=checkout, isolated=False)
-          git('commit', '-q', '-m',
+          git(
+              'commit',
+              '-q',
+              '-m',
               'Add CHANGES.md entries for prefix-aware batching',
-              cwd=checkout, isolated=False)
+              cwd=checkout,
+              isolated=False)
         note = f'CHANGES.md: {added} entries added to the Unreleased section'
     except BaseException:
       git('am', '--abort', cwd=checkout, isolated=False, check=False)
@@ -1001,8 +1042,9 @@ def export(project: Project, dest: Path, squash: bool):
     shutil.rmtree(scratch, ignore_errors=True)
   for path in sorted(dest.iterdir()):
     print(f'beampq: wrote {path}')
-  print(f'beampq: apply with `git am -3 {dest}/*.patch` in a Beam checkout; '
-        'CHANGES-entries.md holds the CHANGES.md entries')
+  print(
+      f'beampq: apply with `git am -3 {dest}/*.patch` in a Beam checkout; '
+      'CHANGES-entries.md holds the CHANGES.md entries')
 
 
 def _squash(project: Project, clone: Path):
@@ -1041,8 +1083,8 @@ def touched(tree: Path) -> tuple[list[str], list[str]]:
       'ls-files', '--others', '--exclude-standard', cwd=tree).splitlines()
   modified = sorted(
       line.split('\t', 1)[1] for line in changed if line[0] in 'MT')
-  added = sorted([line.split('\t', 1)[1] for line in changed if line[0] == 'A'] +
-                 untracked)
+  added = sorted([line.split('\t', 1)[1]
+                  for line in changed if line[0] == 'A'] + untracked)
   return modified, added
 
 
@@ -1076,10 +1118,11 @@ def ensure_pristine(project: Project, tree: Path) -> Path:
   return project.pristine / project.base.subdir
 
 
-def pytest_on(project: Project,
-              sdk: Path,
-              targets: list[str],
-              failed: Optional[list[str]] = None) -> int:
+def pytest_on(
+    project: Project,
+    sdk: Path,
+    targets: list[str],
+    failed: Optional[list[str]] = None) -> int:
   """Runs Beam's pytest setup in an sdk folder: the tests in parallel, then
   the no_xdist ones alone. Adds the ids of failed tests to failed."""
   env = dict(
@@ -1159,8 +1202,9 @@ def regression_modules(sdk: Path) -> list[str]:
   return sorted(modules)
 
 
-def classify_failures(failed: list[str], failed_again: list[str],
-                      failed_before: list[str]) -> dict[str, list[str]]:
+def classify_failures(
+    failed: list[str], failed_again: list[str],
+    failed_before: list[str]) -> dict[str, list[str]]:
   """Sorts the tests that failed on the patched tree by what their reruns
   did: failed on the pristine base too, passed on a rerun, or neither."""
   return {
@@ -1170,7 +1214,9 @@ def classify_failures(failed: list[str], failed_again: list[str],
       'flaky: passed when rerun': [
           t for t in failed if t not in failed_before and t not in failed_again
       ],
-      'NEW': [t for t in failed if t not in failed_before and t in failed_again],
+      'NEW': [
+          t for t in failed if t not in failed_before and t in failed_again
+      ],
   }
 
 
@@ -1191,17 +1237,21 @@ def regression(project: Project, pytest_args: list[str]) -> int:
   failed_again: list[str] = []
   failed_before: list[str] = []
   if files:
-    print(f'beampq: rerunning the {len(files)} files with failures on the '
-          'patched tree and on the pristine base', flush=True)
+    print(
+        f'beampq: rerunning the {len(files)} files with failures on the '
+        'patched tree and on the pristine base',
+        flush=True)
     pytest_on(project, sdk, files, failed_again)
     pytest_on(
-        project, pristine, [f for f in files if (pristine / f).is_file()],
+        project,
+        pristine, [f for f in files if (pristine / f).is_file()],
         failed_before)
   verdicts = classify_failures(failed, failed_again, failed_before)
   minutes = (time.monotonic() - started) / 60
-  print(f'beampq: regression: {len(targets)} modules in {minutes:.1f} min; '
-        f'{len(failed)} failures on the patched tree: ' + ', '.join(
-            f'{len(tests)} {verdict}' for verdict, tests in verdicts.items()))
+  print(
+      f'beampq: regression: {len(targets)} modules in {minutes:.1f} min; '
+      f'{len(failed)} failures on the patched tree: ' + ', '.join(
+          f'{len(tests)} {verdict}' for verdict, tests in verdicts.items()))
   for verdict, tests in verdicts.items():
     for test in tests:
       print(f'  {verdict}: {test}')
@@ -1340,7 +1390,8 @@ def unittest_main_problems(sdk: Path, files: list[str]) -> list[str]:
   problems = []
   for name in files:
     text = (sdk / name).read_text()
-    if re.search(r'^import unittest$', text, re.M) and 'unittest.main' not in text:
+    if re.search(r'^import unittest$', text,
+                 re.M) and 'unittest.main' not in text:
       problems.append(f'{name} imports unittest but never calls unittest.main')
   return problems
 
@@ -1361,18 +1412,21 @@ def lint(project: Project) -> int:
   diff = _tool('yapf', '--diff', *files, cwd=sdk)
   if diff.returncode not in (0, 1) or diff.stderr.strip():
     raise Error(f'yapf failed: {diff.stderr.strip()[-300:]}')
-  print(f'beampq: yapf --diff on {len(files)} files: '
-        f'{"clean" if not diff.stdout.strip() else "needs formatting"}')
+  print(
+      f'beampq: yapf --diff on {len(files)} files: '
+      f'{"clean" if not diff.stdout.strip() else "needs formatting"}')
   if diff.stdout.strip():
     print(diff.stdout)
     ok = False
   problems = unittest_main_problems(sdk, files)
-  print(f'beampq: unittest.main check on {len(files)} files: '
-        f'{len(problems)} problems')
+  print(
+      f'beampq: unittest.main check on {len(files)} files: '
+      f'{len(problems)} problems')
   for problem in problems:
     print(f'  {problem}')
-  ok = ratchet('pyrefly', pyrefly_findings(pristine),
-               pyrefly_findings(sdk)) and ok and not problems
+  ok = ratchet(
+      'pyrefly', pyrefly_findings(pristine),
+      pyrefly_findings(sdk)) and ok and not problems
   return 0 if ok else 1
 
 
@@ -1406,8 +1460,7 @@ def format_tree(project: Project) -> int:
   sdk = tree / project.base.subdir
   modified, new = touched(tree)
   files = [
-      f for f in _package_paths(project, modified + new)
-      if (sdk / f).is_file()
+      f for f in _package_paths(project, modified + new) if (sdk / f).is_file()
   ]
   unsorted_before = {
       f.path
@@ -1425,9 +1478,10 @@ def format_tree(project: Project) -> int:
     if result.returncode not in (0, 1):
       raise Error(f'{args[0]} failed: {result.stderr.strip()[-300:]}')
   changed = is_dirty(tree)
-  print(f'beampq: formatted {len(files)} files; {len(changed)} changed in '
-        f'{project.rel(tree)}' + (
-            ': commit them there and run `beampq refresh`' if changed else ''))
+  print(
+      f'beampq: formatted {len(files)} files; {len(changed)} changed in '
+      f'{project.rel(tree)}' +
+      (': commit them there and run `beampq refresh`' if changed else ''))
   return 0
 
 
@@ -1494,7 +1548,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
       return {
           'lint': lint, 'pylint': pylint, 'mypy': mypy, 'format': format_tree
-      }[args.command](project)
+      }[args.command](
+          project)
   except Error as e:
     print(f'beampq: error: {e}', file=sys.stderr)
     return 1

@@ -14,6 +14,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 #
+
 """Tests of scripts/beampq.py.
 
 Most tests run the tool on a small project of their own: a fake sdist served
@@ -139,8 +140,9 @@ class Index:
     sha = listed_sha or hashlib.sha256(data).hexdigest()
     self.files[f'/files/{filename}'] = data
     if html:
-      body = (f'<html><body><a href="../../files/{filename}#sha256={sha}">'
-              f'{filename}</a></body></html>')
+      body = (
+          f'<html><body><a href="../../files/{filename}#sha256={sha}">'
+          f'{filename}</a></body></html>')
       self.pages['/simple/apache-beam/'] = ('text/html', body.encode())
     else:
       body = json.dumps({
@@ -178,8 +180,8 @@ def make_project(root: Path, sdist: bytes = SDIST) -> beampq.Project:
       f'sha256 = {hashlib.sha256(sdist).hexdigest()}\n'
       'subdir = sdks/python\n')
   (root / 'patches' / 'series').write_text(beampq.format_series([]))
-  (root / 'patches' / 'pull-request.md').write_text(
-      '# [Python] Add a thing\n\nWhy and what.\n')
+  (root / 'patches' /
+   'pull-request.md').write_text('# [Python] Add a thing\n\nWhy and what.\n')
   (root / 'CHANGES.md').write_text(CHANGES)
   return beampq.Project(root)
 
@@ -255,8 +257,7 @@ def test_fetch_refuses_a_corrupted_download(tmp_path, index):
   assert not list(project.cache.iterdir()), 'nothing is kept'
 
 
-def test_fetch_refuses_a_file_the_index_lists_with_another_sha(
-    tmp_path, index):
+def test_fetch_refuses_a_file_the_index_lists_with_another_sha(tmp_path, index):
   project = make_project(tmp_path)
   index.publish('apache_beam-9.9.0.tar.gz', b'other')
   with pytest.raises(beampq.Error, match='index lists .* not the pinned'):
@@ -347,8 +348,8 @@ def test_tree_is_idempotent(project, capsys):
   assert 'up to date' in capsys.readouterr().out
   assert tree_git(project, 'rev-parse', 'HEAD') == rebuilt
   beampq.ensure_tree(project, force=True)
-  assert tree_git(project, 'rev-parse', 'HEAD') == rebuilt, (
-      'builds are reproducible')
+  assert tree_git(project, 'rev-parse',
+                  'HEAD') == rebuilt, ('builds are reproducible')
   assert head  # the developer's own commits had other ids
 
 
@@ -358,7 +359,8 @@ def test_tree_keeps_unexported_work(project):
     beampq.ensure_tree(project)
   assert tree_git(project, 'log', '-1', '--format=%s') == 'More'
   beampq.ensure_tree(project, force=True)
-  assert tree_git(project, 'log', '-1', '--format=%s') == '[Python] Add a module'
+  assert tree_git(
+      project, 'log', '-1', '--format=%s') == '[Python] Add a module'
 
 
 def test_amended_commit_round_trips(project):
@@ -443,7 +445,8 @@ def test_a_patch_that_needs_an_offset_is_refused(tmp_path, index):
 def test_a_missing_patch_or_new_file_is_named(project):
   shutil.rmtree(project.tree)
   (project.root / 'sdks/python/apache_beam/new_mod.py').unlink()
-  with pytest.raises(beampq.Error, match='lists sdks/python/apache_beam/new_mod'
+  with pytest.raises(beampq.Error,
+                     match='lists sdks/python/apache_beam/new_mod'
                      '.py under 0002-Python-Add-a-module.patch, but'):
     beampq.ensure_tree(project)
   (project.patches / project.series()[0].patch).unlink()
@@ -503,8 +506,8 @@ def test_series_errors_name_the_line():
     beampq.parse_series('a.patch\n  + ../x.py\n')
   with pytest.raises(beampq.Error, match='listed more than once'):
     beampq.parse_series('a.patch\na.patch\n')
-  entries = beampq.parse_series(beampq.format_series(
-      [beampq.Entry('a.patch', ['sdks/x.py'])]))
+  entries = beampq.parse_series(
+      beampq.format_series([beampq.Entry('a.patch', ['sdks/x.py'])]))
   assert entries == [beampq.Entry('a.patch', ['sdks/x.py'])]
 
 
@@ -548,8 +551,9 @@ def test_apply_inserts_changes_entries(project, tmp_path):
   ]
   assert 'Fixed a bug' not in released
   assert beampq.git_out('status', '--porcelain', cwd=checkout) == ''
-  assert beampq.git_out('log', '-1', '--format=%s', cwd=checkout).startswith(
-      'Add CHANGES.md entries')
+  assert beampq.git_out(
+      'log', '-1', '--format=%s',
+      cwd=checkout).startswith('Add CHANGES.md entries')
 
 
 def test_insert_changes_is_idempotent_and_adds_missing_headings():
@@ -565,11 +569,13 @@ def test_insert_changes_is_idempotent_and_adds_missing_headings():
   assert beampq.read_changes_text(text) == entries
 
 
-@pytest.mark.parametrize('setup, message', [
-    ('dirty', 'has uncommitted changes'),
-    ('not_git', 'is not the top of a git checkout'),
-    ('not_beam', 'is not a Beam checkout'),
-])
+@pytest.mark.parametrize(
+    'setup, message',
+    [
+        ('dirty', 'has uncommitted changes'),
+        ('not_git', 'is not the top of a git checkout'),
+        ('not_beam', 'is not a Beam checkout'),
+    ])
 def test_apply_refuses_bad_checkouts(project, tmp_path, setup, message):
   checkout = tmp_path / 'beam'
   if setup == 'dirty':
@@ -583,7 +589,8 @@ def test_apply_refuses_bad_checkouts(project, tmp_path, setup, message):
   with pytest.raises(beampq.Error, match=message):
     beampq.apply(project, checkout)
   if setup == 'dirty':
-    assert (checkout / 'sdks/python/apache_beam/util.py').read_text() == 'mine\n'
+    assert (checkout /
+            'sdks/python/apache_beam/util.py').read_text() == 'mine\n'
 
 
 def test_apply_leaves_the_checkout_as_it_was_on_failure(project, tmp_path):
@@ -706,6 +713,12 @@ def test_real_changes_entries_are_in_beams_format():
   entries = beampq.read_changes(beampq.Project().changes)
   assert entries, 'CHANGES.md has entries'
   for heading in entries:
-    assert heading in ('Highlights', 'I/Os', 'New Features / Improvements',
-                       'Breaking Changes', 'Deprecations', 'Bugfixes',
-                       'Security Fixes', 'Known Issues')
+    assert heading in (
+        'Highlights',
+        'I/Os',
+        'New Features / Improvements',
+        'Breaking Changes',
+        'Deprecations',
+        'Bugfixes',
+        'Security Fixes',
+        'Known Issues')

@@ -98,22 +98,29 @@ def _check_delimiters(delimiters, name='delimiters'):
           f'{delimiters!r}.')
 
 
-class _TextPrefix(object):
+class _PrefixKeyFn(object):
   """Cuts text to its key: the first prefix_char_len characters, or what
   comes before the earliest delimiter when that is sooner. Only the first
-  prefix_char_len characters (plus a delimiter's length) are ever looked at.
+  prefix_char_len characters (plus a delimiter's length) are ever read.
   """
-  def __init__(self, prefix_char_len: int, delimiters: Sequence[str]):
+  DEFAULT_DELIMITERS: tuple[str, ...] = ()
+
+  def __init__(
+      self,
+      prefix_char_len: int = DEFAULT_PREFIX_CHAR_LEN,
+      delimiters: Optional[Sequence[str]] = None):
+    if delimiters is None:
+      delimiters = self.DEFAULT_DELIMITERS
     _check_prefix_char_len(prefix_char_len)
     _check_delimiters(delimiters)
     self.prefix_char_len = prefix_char_len
     self.delimiters = tuple(delimiters)
     # A delimiter that starts before the cut may end after it.
     longest = max((len(d) for d in self.delimiters), default=1)
-    self.window = prefix_char_len + longest - 1
+    self._window = prefix_char_len + longest - 1
 
-  def __call__(self, text: str) -> str:
-    head = text[:self.window]
+  def _cut(self, text: str) -> str:
+    head = text[:self._window]
     cut = self.prefix_char_len
     for delimiter in self.delimiters:
       # A delimiter at the very start would leave an empty key.
@@ -122,8 +129,13 @@ class _TextPrefix(object):
         cut = at
     return head[:cut]
 
+  def __repr__(self):
+    return (
+        f'{type(self).__name__}(prefix_char_len={self.prefix_char_len}, '
+        f'delimiters={self.delimiters!r})')
 
-class PromptPrefixKeyFn(object):
+
+class PromptPrefixKeyFn(_PrefixKeyFn):
   """Keys a prompt string by its prefix, for prefix-aware batching.
 
   The key is the prompt's first ``prefix_char_len`` characters, or
@@ -142,36 +154,15 @@ class PromptPrefixKeyFn(object):
   """
   DEFAULT_DELIMITERS = ('\n\n', )
 
-  def __init__(
-      self,
-      prefix_char_len: int = DEFAULT_PREFIX_CHAR_LEN,
-      delimiters: Optional[Sequence[str]] = None):
-    self._prefix = _TextPrefix(
-        prefix_char_len,
-        self.DEFAULT_DELIMITERS if delimiters is None else delimiters)
-
-  @property
-  def prefix_char_len(self) -> int:
-    return self._prefix.prefix_char_len
-
-  @property
-  def delimiters(self) -> tuple[str, ...]:
-    return self._prefix.delimiters
-
   def __call__(self, prompt: str) -> str:
     if not isinstance(prompt, str):
       raise TypeError(
           'PromptPrefixKeyFn keys str prompts, got a '
           f'{type(prompt).__name__}.')
-    return self._prefix(prompt)
-
-  def __repr__(self):
-    return (
-        f'PromptPrefixKeyFn(prefix_char_len={self.prefix_char_len}, '
-        f'delimiters={self.delimiters!r})')
+    return self._cut(prompt)
 
 
-class ChatPrefixKeyFn(object):
+class ChatPrefixKeyFn(_PrefixKeyFn):
   """Keys an OpenAI-style chat conversation by its first message.
 
   A conversation is a sequence of messages, each either a dict with ``role``
@@ -194,21 +185,6 @@ class ChatPrefixKeyFn(object):
       content. Defaults to ``()``: chat templates keep per-request text in
       later messages.
   """
-  def __init__(
-      self,
-      prefix_char_len: int = DEFAULT_PREFIX_CHAR_LEN,
-      delimiters: Optional[Sequence[str]] = None):
-    self._prefix = _TextPrefix(
-        prefix_char_len, () if delimiters is None else delimiters)
-
-  @property
-  def prefix_char_len(self) -> int:
-    return self._prefix.prefix_char_len
-
-  @property
-  def delimiters(self) -> tuple[str, ...]:
-    return self._prefix.delimiters
-
   def __call__(self, messages: Sequence[Any]) -> tuple[str, str]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
       raise TypeError(
@@ -217,7 +193,7 @@ class ChatPrefixKeyFn(object):
     if not messages:
       raise ValueError('ChatPrefixKeyFn cannot key an empty conversation.')
     role, content = self._role_and_content(messages[0])
-    return role, self._prefix(self._content_text(content))
+    return role, self._cut(self._content_text(content))
 
   @staticmethod
   def _role_and_content(message):
@@ -245,7 +221,7 @@ class ChatPrefixKeyFn(object):
     if isinstance(content, Sequence):
       pieces, length = [], 0
       for part in content:
-        if length >= self._prefix.window:
+        if length >= self._window:
           break
         text = self._part_text(part)
         pieces.append(text)
@@ -267,13 +243,8 @@ class ChatPrefixKeyFn(object):
         raise TypeError(
             f'ChatPrefixKeyFn needs a str "text" in a text part, got '
             f'{text!r:.80}.')
-      return text[:self._prefix.window]
+      return text[:self._window]
     return f'<{part_type}>'
-
-  def __repr__(self):
-    return (
-        f'ChatPrefixKeyFn(prefix_char_len={self.prefix_char_len}, '
-        f'delimiters={self.delimiters!r})')
 
 
 @dataclasses.dataclass(frozen=True)
