@@ -46,6 +46,14 @@ prefix, such as a timestamp, a request id or a user's name, gives every
 request a key of its own and defeats both the batching and the server's
 cache: put it after the shared part of the prompt, or end the key before it
 with a shorter ``prefix_char_len`` or a delimiter.
+
+The default ``prefix_char_len`` is 256 characters (DEFAULT_PREFIX_CHAR_LEN),
+about 64 tokens of English text: enough to tell most prompt templates and
+system prompts apart by their opening, and short enough to end before the
+part of a prompt that differs per request in most of them. Erring short is
+the cheaper mistake: prompts that agree on their first 256 characters but
+not on what follows still share those characters' cache in one batch,
+whereas a key that reaches into per-request text batches nothing together.
 """
 
 # pytype: skip-file
@@ -67,13 +75,8 @@ __all__ = [
     'PromptPrefixKeyFn',
 ]
 
-# The default length, in characters, of the prefix that keys a prompt. About
-# 64 tokens of English text: enough to tell most prompt templates and system
-# prompts apart by their opening, and short enough to end before the part of
-# a prompt that differs per request in most of them. Erring short is the
-# cheaper mistake: prompts that agree on their first 256 characters but not
-# on what follows still share those characters' cache in one batch, whereas
-# a key that reaches into per-request text batches nothing together.
+# The default length, in characters, of the prefix that keys a prompt (see
+# the module docstring for why).
 DEFAULT_PREFIX_CHAR_LEN = 256
 
 _ShardSpec = Union[int, Mapping[Any, int], Callable[[Any], int]]
