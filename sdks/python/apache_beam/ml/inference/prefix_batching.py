@@ -83,8 +83,10 @@ _ShardSpec = Union[int, Mapping[Any, int], Callable[[Any], int]]
 
 
 def _check_prefix_char_len(prefix_char_len):
-  if (isinstance(prefix_char_len, bool) or
-      not isinstance(prefix_char_len, int) or prefix_char_len < 1):
+  if isinstance(prefix_char_len, bool) or not isinstance(prefix_char_len, int):
+    raise TypeError(
+        f'prefix_char_len must be a positive int, got {prefix_char_len!r}.')
+  if prefix_char_len < 1:
     raise ValueError(
         f'prefix_char_len must be a positive int, got {prefix_char_len!r}.')
 
@@ -101,7 +103,7 @@ def _check_delimiters(delimiters, name='delimiters'):
           f'{delimiters!r}.')
 
 
-class _PrefixKeyFn(object):
+class _PrefixKeyFn:
   """Cuts text to its key: the first prefix_char_len characters, or what
   comes before the earliest delimiter when that is sooner. Only the first
   prefix_char_len characters (plus a delimiter's length) are ever read.
@@ -251,7 +253,7 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
 
 
 @dataclasses.dataclass(frozen=True)
-class PrefixBatchingConfig(object):
+class PrefixBatchingConfig:
   """How an LLM model handler batches requests by prompt prefix.
 
   Requests whose prompts share a prefix are routed to the same worker and
@@ -263,11 +265,13 @@ class PrefixBatchingConfig(object):
   Args:
     num_shards: how many sub-keys, each batched on its own, a prefix may be
       spread over: an int, a mapping from keys to ints, or a callable from a
-      key to an int (see BatchElements' num_shards). One shard gives the
-      most cache reuse but serves a prefix on one worker at a time, which
-      caps a prefix shared by most of the traffic at one worker's
-      throughput; more shards spread such a prefix over more workers, each
-      of which computes the prefix once. Defaults to 8.
+      key to an int (see BatchElements' num_shards). A mapping is keyed by
+      what the key function returns: the prefix text for PromptPrefixKeyFn,
+      a (role, text) pair for ChatPrefixKeyFn; unlisted keys get one shard.
+      One shard gives the most cache reuse but serves a prefix on one worker
+      at a time, which caps a prefix shared by most of the traffic at one
+      worker's throughput; more shards spread such a prefix over more
+      workers, each of which computes the prefix once. Defaults to 8.
     prefix_char_len: the longest key text, in characters, for the default
       extractor. Defaults to DEFAULT_PREFIX_CHAR_LEN.
     prefix_delimiters: the delimiters of the default extractor, for example

@@ -108,8 +108,8 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
 
   @parameterized.expand([
       param({'prefix_char_len': 0}, ValueError, 'prefix_char_len .*got 0'),
-      param({'prefix_char_len': True}, ValueError, 'got True'),
-      param({'prefix_char_len': '5'}, ValueError, "got '5'"),
+      param({'prefix_char_len': True}, TypeError, 'got True'),
+      param({'prefix_char_len': '5'}, TypeError, "got '5'"),
       param({'delimiters': '\n\n'}, TypeError, 'sequence of strings'),
       param({'delimiters': ('', )}, ValueError, "got '' in"),
       param({'delimiters': (1, )}, ValueError, 'got 1 in'),
