@@ -346,7 +346,7 @@ def engine(quick: bool, server: subprocess.Popen, model: Path,
 
 
 def overhead(quick: bool) -> tuple[dict, dict]:
-  count = 5_000 if quick else 100_000
+  count = 3_000 if quick else 100_000
   repetitions = 3 if quick else 5
   elements = [(i, f'prefix-{i % 64}') for i in range(count)]
   variants = {
@@ -646,7 +646,7 @@ def main(argv=None) -> int:
   args.out.mkdir(parents=True, exist_ok=True)
   workloads = [prefix_cache.W1, prefix_cache.W2]
   if args.quick:
-    workloads = [prefix_cache.W1.scaled(2_000), prefix_cache.W2.scaled(2_500)]
+    workloads = [prefix_cache.W1.scaled(1_200), prefix_cache.W2.scaled(1_500)]
   results: dict[str, Any] = {'workloads': {}}
   notes: dict[str, Any] = {'workloads': {}}
   # vLLM takes half a minute to start: it starts now, phase A (which counts,
