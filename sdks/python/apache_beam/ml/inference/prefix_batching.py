@@ -17,43 +17,13 @@
 
 """Prefix-aware batching for LLM model handlers.
 
-LLM servers such as vLLM, SGLang and llama.cpp keep a prefix (KV) cache: when
-a prompt starts with tokens the server computed recently, their attention
-state is reused instead of computed again. RunInference batches per worker,
-so without help every server sees batches that mix unrelated prompt
-prefixes, and its cache keeps evicting what the next batch needs.
-
-A ModelHandler built with ``batch_key_fn`` keys every element by its prompt
-prefix; ``BatchElements`` then routes the elements that share a prefix to one
-worker and batches them together (see its ``key_fn``), and
-``batch_key_num_shards`` spreads a prefix shared by much of the traffic over
-several workers. This module gives the key functions for the two usual
-inputs, plain prompts (:class:`PromptPrefixKeyFn`) and chat conversations
-(:class:`ChatPrefixKeyFn`), and :class:`PrefixBatchingConfig`, the setting
-that LLM model handlers take::
-
-  handler = VLLMCompletionsModelHandler(
-      model_name, prefix_batching_config=PrefixBatchingConfig())
-
-or, for any handler::
-
-  handler = MyHandler(batch_key_fn=PromptPrefixKeyFn(), batch_key_num_shards=8)
-
-Keys are the leading text of the prompt: at most ``prefix_char_len``
-characters, deterministic, and the same in every process and under every
-Python hash seed. Text that changes from request to request inside the
-prefix, such as a timestamp, a request id or a user's name, gives every
-request a key of its own and defeats both the batching and the server's
-cache: put it after the shared part of the prompt, or end the key before it
-with a shorter ``prefix_char_len`` or a delimiter.
-
-The default ``prefix_char_len`` is 256 characters (DEFAULT_PREFIX_CHAR_LEN),
-about 64 tokens of English text: enough to tell most prompt templates and
-system prompts apart by their opening, and short enough to end before the
-part of a prompt that differs per request in most of them. Erring short is
-the cheaper mistake: prompts that agree on their first 256 characters but
-not on what follows still share those characters' cache in one batch,
-whereas a key that reaches into per-request text batches nothing together.
+LLM servers keep a prefix (KV) cache, which is reused only when requests
+that share a prompt prefix reach the same server together. A ModelHandler
+built with ``batch_key_fn`` keys each request by its prefix, and
+BatchElements batches the requests that share a key on one worker. This
+module gives the key functions for prompts (:class:`PromptPrefixKeyFn`) and
+chat conversations (:class:`ChatPrefixKeyFn`), and
+:class:`PrefixBatchingConfig`, which LLM model handlers take.
 """
 
 # pytype: skip-file
@@ -75,8 +45,9 @@ __all__ = [
     'PromptPrefixKeyFn',
 ]
 
-# The default length, in characters, of the prefix that keys a prompt (see
-# the module docstring for why).
+# The default length, in characters, of the prefix that keys a prompt: about
+# 64 tokens of English, enough to tell most templates apart and short enough
+# to end before the part of a prompt that differs per request.
 DEFAULT_PREFIX_CHAR_LEN = 256
 
 _ShardSpec = Union[int, Mapping[Any, int], Callable[[Any], int]]
@@ -257,8 +228,7 @@ class PrefixBatchingConfig:
   """How an LLM model handler batches requests by prompt prefix.
 
   Requests whose prompts share a prefix are routed to the same worker and
-  batched together, so that the server's prefix cache is reused (see the
-  module docstring). Handlers that take this config key requests with their
+  batched together, so that the server's prefix cache is reused. Handlers that take this config key requests with their
   own default extractor (for example PromptPrefixKeyFn for completions,
   ChatPrefixKeyFn for chat) unless key_fn is given.
 
@@ -278,8 +248,8 @@ class PrefixBatchingConfig:
       ``(':',)`` for prompts whose shared instructions end with a colon.
       Defaults to the extractor's own.
     key_fn: a callable mapping a request to its key, replacing the default
-      extractor. It should return small values whose str() is the same in
-      every process (see BatchElements' key_fn).
+      extractor. It should return small values with a deterministic encoding
+      (see BatchElements' key_fn).
   """
   num_shards: _ShardSpec = 8
   prefix_char_len: Optional[int] = None
@@ -302,8 +272,8 @@ class PrefixBatchingConfig:
 
   def resolve(
       self, default_extractor: Callable[..., Callable[[Any], Any]]
-  ) -> tuple[Callable[[Any], Any], _ShardSpec]:
-    """Returns the key function and the shard spec a handler batches with.
+  ) -> Callable[[Any], Any]:
+    """Returns the key function a handler batches with.
 
     Args:
       default_extractor: the handler's extractor factory, such as
@@ -311,9 +281,8 @@ class PrefixBatchingConfig:
         unless key_fn is set.
     """
     if self.key_fn is not None:
-      return self.key_fn, self.num_shards
-    key_fn = default_extractor(
+      return self.key_fn
+    return default_extractor(
         DEFAULT_PREFIX_CHAR_LEN
         if self.prefix_char_len is None else self.prefix_char_len,
         delimiters=self.prefix_delimiters)
-    return key_fn, self.num_shards
