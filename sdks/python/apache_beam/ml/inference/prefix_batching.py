@@ -228,9 +228,10 @@ class PrefixBatchingConfig:
   """How an LLM model handler batches requests by prompt prefix.
 
   Requests whose prompts share a prefix are routed to the same worker and
-  batched together, so that the server's prefix cache is reused. Handlers that take this config key requests with their
-  own default extractor (for example PromptPrefixKeyFn for completions,
-  ChatPrefixKeyFn for chat) unless key_fn is given.
+  batched together, so that the server's prefix cache is reused. Handlers
+  that take this config key requests with their own default extractor (for
+  example PromptPrefixKeyFn for completions, ChatPrefixKeyFn for chat)
+  unless key_fn is given.
 
   Args:
     num_shards: how many sub-keys, each batched on its own, a prefix may be
