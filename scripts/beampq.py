@@ -1097,6 +1097,11 @@ def _package_paths(project: Project, paths: Iterable[str]) -> list[str]:
   ]
 
 
+def _yapf_paths(files: Iterable[str]) -> list[str]:
+  """The files Beam formats with yapf: its package, not setup.py."""
+  return [f for f in files if f.startswith('apache_beam/')]
+
+
 def ensure_pristine(project: Project, tree: Path) -> Path:
   """A cached copy of the pristine sdk folder, for ratchets."""
   base_commit = git_out('rev-parse', PRISTINE_TAG, cwd=tree)
@@ -1297,6 +1302,15 @@ def _tool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                         check=False)
 
 
+def yapf_diff(sdk: Path, files: list[str]) -> str:
+  if not files:
+    return ''
+  diff = _tool('yapf', '--diff', *files, cwd=sdk)
+  if diff.returncode not in (0, 1) or diff.stderr.strip():
+    raise Error(f'yapf failed: {diff.stderr.strip()[-300:]}')
+  return diff.stdout
+
+
 def ruff_findings(sdk: Path, files: list[str]) -> list[Finding]:
   files = [f for f in files if (sdk / f).is_file()]
   if not files:
@@ -1409,14 +1423,13 @@ def lint(project: Project) -> int:
     return 0
   ok = ratchet(
       'ruff', ruff_findings(pristine, changed), ruff_findings(sdk, files))
-  diff = _tool('yapf', '--diff', *files, cwd=sdk)
-  if diff.returncode not in (0, 1) or diff.stderr.strip():
-    raise Error(f'yapf failed: {diff.stderr.strip()[-300:]}')
+  formatted = _yapf_paths(files)
+  diff = yapf_diff(sdk, formatted)
   print(
-      f'beampq: yapf --diff on {len(files)} files: '
-      f'{"clean" if not diff.stdout.strip() else "needs formatting"}')
-  if diff.stdout.strip():
-    print(diff.stdout)
+      f'beampq: yapf --diff on {len(formatted)} files: '
+      f'{"clean" if not diff.strip() else "needs formatting"}')
+  if diff.strip():
+    print(diff)
     ok = False
   problems = unittest_main_problems(sdk, files)
   print(
@@ -1469,7 +1482,7 @@ def format_tree(project: Project) -> int:
       if f.code == 'I001'
   }
   sortable = [f for f in files if f not in unsorted_before]
-  for args, targets in ((('yapf', '--in-place'), files),
+  for args, targets in ((('yapf', '--in-place'), _yapf_paths(files)),
                         (('ruff', 'check', '--no-cache', '--select=I', '--fix',
                           '--quiet'), sortable)):
     if not targets:

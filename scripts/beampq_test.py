@@ -696,6 +696,23 @@ def real_tree(tmp_path_factory):
   return project, tree
 
 
+def test_format_leaves_files_outside_the_package_alone(project):
+  # Beam formats apache_beam/ with yapf, but not setup.py.
+  setup = "setup(name='apache-beam',\n  packages = [ 'apache_beam' ])\n"
+  commit_in_tree(
+      project,
+      '[Python] Touch setup.py',
+      {
+          'sdks/python/setup.py': setup,
+          'sdks/python/apache_beam/util.py': 'UTIL = 1\n',
+          'sdks/python/apache_beam/new_mod.py': 'NEW = [ 1,2 ]\n',
+      })
+  beampq.format_tree(project)
+  sdk = project.tree / 'sdks/python'
+  assert (sdk / 'setup.py').read_text() == setup
+  assert (sdk / 'apache_beam/new_mod.py').read_text() == 'NEW = [1, 2]\n'
+
+
 def test_real_queue_is_consistent():
   beampq.check(beampq.Project())
 
