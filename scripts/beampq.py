@@ -426,6 +426,8 @@ def _extract_sdist(tarball: Path, dest: Path):
 
 def _check_applies(tree: Path, patch: Path, label: str):
   """Fails unless the patch applies exactly: no fuzz, no offsets."""
+  if '\ndiff --git ' not in patch.read_text():
+    return  # Only new files, which travel in sdks/: nothing to apply.
   check = git(
       'apply', '--check', '--verbose', str(patch), cwd=tree, check=False)
   output = check.stdout + check.stderr
@@ -667,9 +669,11 @@ def export_queue(tree: Path, base_commit: str, out: Path) -> list[Entry]:
     patch = _format_patch(
         tree, commit, number, out / 'patches', modified or added)
     if not modified:
-      # Only new files: keep the message, the files travel in sdks/.
+      # Only new files: keep the message, the files travel in sdks/. Cut
+      # before the diffstat too, so that git am keeps an empty commit.
       text = patch.read_text()
-      patch.write_text(text[:text.index('\ndiff --git ') + 1])
+      end = text.rindex('\n---\n', 0, text.index('\ndiff --git '))
+      patch.write_text(text[:end + 1])
     for path in added:
       target = out / path
       target.parent.mkdir(parents=True, exist_ok=True)

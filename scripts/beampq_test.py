@@ -393,7 +393,8 @@ def test_refresh_keeps_a_commit_that_only_adds_files(project):
   assert entry.new_files == ['sdks/python/apache_beam/x.py']
   assert 'diff --git' not in (project.patches / entry.patch).read_text()
   edited = tree_id(project.tree)
-  beampq.ensure_tree(project, force=True)
+  shutil.rmtree(project.tree)
+  beampq.ensure_tree(project)
   assert tree_id(project.tree) == edited
 
 
