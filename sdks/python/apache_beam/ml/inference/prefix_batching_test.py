@@ -121,9 +121,8 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
     prompts = ['System: be brief.\n\nWhat is Beam?', 'Zusammenfassung: ' * 40]
     for prompt in prompts:
       for key in (PromptPrefixKeyFn()(prompt),
-                  ChatPrefixKeyFn()([{
-                      'role': 'system', 'content': prompt
-                  }])[1]):
+                  ChatPrefixKeyFn()([{'role': 'system',
+                                      'content': prompt}])[1]):
         self.assertIs(type(key), str)
         self.assertTrue(prompt.startswith(key))
 
