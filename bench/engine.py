@@ -41,6 +41,7 @@ from bench import fleet
 from bench.workloads import BLOCK_TOKENS
 from bench.workloads import MICROS
 from bench.workloads import FlatWorkload
+from bench.workloads import segment
 from integration import engines
 
 HITS = 'vllm:prefix_cache_hits_total'
@@ -55,7 +56,7 @@ MODEL = {'hidden_size': 512, 'intermediate_size': 1536, 'layers': 6, 'heads': 8}
 # and 2-block suffixes (896-token prompts), 4 workers.
 ENGINE = FlatWorkload(
     'E',
-    requests=320,
+    requests=64,
     workers=4,
     cache_prefixes=4,
     batch_size=8,
@@ -64,6 +65,8 @@ ENGINE = FlatWorkload(
     prefix_tokens=832,
     suffix_tokens=64)
 MAX_NUM_SEQS = 8
+# The segment kind of the calibration prompts.
+CALIBRATION = 9
 
 
 def model_path(out_models: Path) -> Path:
@@ -115,8 +118,8 @@ def prompt_text(segments) -> str:
   """A prompt whose characters (one token each) are fixed by its segments:
   requests that share a segment share its text."""
   parts = []
-  for segment, count in segments:
-    rng = random.Random(segment)
+  for name, count in segments:
+    rng = random.Random(name)
     parts.append(
         ''.join(
             rng.choice('abcdefghijklmnopqrstuvwxyz')
@@ -197,6 +200,42 @@ def replay_arm(port, model, batches) -> dict:
   }
 
 
+def calibrate(port, model, batch_size, repetitions) -> dict:
+  """The engine's costs, from dedicated batches: a cold prompt, the same
+  prompt again (all but its last partial block cached), and batch_size
+  copies of it. Medians over repetitions of: seconds per computed token,
+  a batch's fixed cost (one cached request) and each further request's."""
+  per_token, first, further = [], [], []
+  for repetition in range(repetitions):
+    _post(port, '/reset_prefix_cache', timeout=60)
+    prompt = prompt_text(
+        ((segment(CALIBRATION, repetition), ENGINE.prefix_tokens // 32 + 2), ))
+    cold_before = engines.prometheus_counters(port, (HITS, QUERIES))
+    cold = complete(port, model, [prompt])
+    cold_after = engines.prometheus_counters(port, (HITS, QUERIES))
+    warm = complete(port, model, [prompt])
+    warm_after = engines.prometheus_counters(port, (HITS, QUERIES))
+    many = complete(port, model, [prompt] * batch_size)
+
+    def computed(start, end):
+      return (end[QUERIES] - start[QUERIES]) - (end[HITS] - start[HITS])
+
+    extra_tokens = computed(cold_before, cold_after) - computed(
+        cold_after, warm_after)
+    per_token.append((cold - warm) / extra_tokens)
+    first.append(warm)
+    further.append((many - warm) / (batch_size - 1))
+  seconds_per_token = statistics.median(per_token)
+  return {
+      'seconds_per_token': seconds_per_token,
+      'batch_overhead_s': statistics.median(first),
+      'request_overhead_s': statistics.median(further),
+      'batch_overhead_tokens': statistics.median(first) / seconds_per_token,
+      'request_overhead_tokens': statistics.median(further) / seconds_per_token,
+      'repetitions': repetitions,
+  }
+
+
 def fit_overhead(timed) -> dict:
   """Least squares of a batch's seconds on its computed tokens: the
   per-batch overhead, in seconds and in computed-token equivalents."""
@@ -221,7 +260,7 @@ def engine_fleet(
     progress) -> tuple[dict, dict]:
   """arms: name -> builder(workload, requests, seed) -> route (as in
   streaming.strategies). Returns (engine_fleet figures, engine details)."""
-  workload = ENGINE.scaled(requests=64 if quick else ENGINE.requests)
+  workload = ENGINE.scaled(requests=32 if quick else ENGINE.requests)
   requests = workload.requests_at(rate_per_worker, seed)
   batches = {}
   simulated = {}
@@ -236,6 +275,8 @@ def engine_fleet(
     complete(
         port,
         model, [prompt_text(r.segments) for r in warm[i:i + MAX_NUM_SEQS]])
+  progress('B: calibration')
+  calibration = calibrate(port, model, workload.batch_size, 3)
   repetitions = 1 if quick else 2
   runs: dict = {name: [] for name in arms}
   order = list(arms)
@@ -243,7 +284,7 @@ def engine_fleet(
     for name in order if repetition % 2 == 0 else order[::-1]:
       progress(f'B: {name}, repetition {repetition + 1}/{repetitions}')
       runs[name].append(replay_arm(port, model, batches[name]))
-  calibration = fit_overhead([
+  calibration['fit_over_replayed_batches'] = fit_overhead([
       pair for arm_runs in runs.values() for run in arm_runs
       for pair in run['batches']
   ])

@@ -35,7 +35,8 @@ Routes say where a request goes: its state key and the worker that owns it.
 
 evaluate replays every worker's batches, in the order they are emitted,
 through its PrefixCache and counts its work: the prompt tokens it computes
-plus a fixed overhead per batch, in the same unit.
+plus a fixed overhead per batch and per further request of a batch, in
+the same unit.
 """
 
 import copy
@@ -272,11 +273,18 @@ def percentile(values, q: float) -> float:
 
 
 def evaluate(
-    batches, workers: int, cache_blocks: int, overhead_tokens: float) -> dict:
-  """The figures of one run (see the module docstring)."""
+    batches,
+    workers: int,
+    cache_blocks: int,
+    overhead_tokens: float,
+    request_overhead_tokens: float = 0.0) -> dict:
+  """The figures of one run (see the module docstring). A batch of n
+  requests costs overhead_tokens plus (n - 1) request_overhead_tokens on
+  top of the tokens it computes."""
   hit_tokens = total_tokens = 0
   computed = [0] * workers
   batch_counts = [0] * workers
+  extra = [0] * workers
   caches = [PrefixCache(cache_blocks) for _ in range(workers)]
   delays = []
   pure = 0
@@ -290,8 +298,12 @@ def evaluate(
       computed[batch.worker] += (size - hits) * BLOCK_TOKENS
       delays.append(batch.emitted_us - request.arrival_us)
     batch_counts[batch.worker] += 1
+    extra[batch.worker] += len(batch.requests) - 1
     pure += len({r.key for r in batch.requests}) == 1
-  work = [c + overhead_tokens * n for c, n in zip(computed, batch_counts)]
+  work = [
+      c + overhead_tokens * n + request_overhead_tokens * e
+      for c, n, e in zip(computed, batch_counts, extra)
+  ]
   return {
       'hit_rate': hit_tokens / total_tokens,
       'load_max_over_mean': max(work) / statistics.fmean(work),

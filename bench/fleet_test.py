@@ -175,12 +175,12 @@ def test_evaluate_counts_hits_work_delays_and_purity():
           emitted_us=SECOND),
       fleet.Batch(1, None, [request(2, 0.0, key='b')], emitted_us=SECOND),
   ]
-  figures = fleet.evaluate(batches, 2, 10, overhead_tokens=32)
+  figures = fleet.evaluate(batches, 2, 10, 32, 8)
   # Worker 0 computes 3 + 1 blocks and reuses 2; worker 1 computes 3.
   assert figures['hit_rate'] == pytest.approx(2 / 9)
   assert figures['prompt_tokens_computed'] == 7 * 32
-  assert figures['busiest_worker_work'] == 4 * 32 + 32
-  assert figures['load_max_over_mean'] == pytest.approx(160 / 144)
+  assert figures['busiest_worker_work'] == 4 * 32 + 32 + 8
+  assert figures['load_max_over_mean'] == pytest.approx(168 / 148)
   assert figures['p50_delay_s'] == 1.0 and figures['p99_delay_s'] == 1.0
   assert figures['mean_batch_size'] == 1.5
   assert figures['purity'] == 1.0

@@ -26,6 +26,7 @@ cache weighs an entry (statecache.get_deep_size) per state key.
 """
 
 import statistics
+import sys
 import time
 import timeit
 
@@ -63,7 +64,7 @@ class _CountingWeigher:
 
 def overhead(quick: bool, progress) -> tuple[dict, dict]:
   count = 3_000 if quick else 100_000
-  repetitions = 2 if quick else 3
+  repetitions = 2
   elements = [(i, f'prefix-{i % KEYS}') for i in range(count)]
   variants = {
       'stateless': ({}, 1),
@@ -143,3 +144,28 @@ def key_cost(quick: bool, progress) -> tuple[dict, dict]:
           for name, s in seconds.items()
       }
   }
+
+
+def main(argv=None) -> int:
+  """Runs C and D in a process of their own, so that what the rest of the
+  benchmark loaded does not weigh on the state cache; writes them as JSON."""
+  import argparse
+  import json
+  parser = argparse.ArgumentParser(prog='python -m bench.overhead')
+  parser.add_argument('--quick', action='store_true')
+  parser.add_argument('--out', required=True)
+  args = parser.parse_args(argv)
+
+  def progress(message):
+    print(f'[bench.overhead] {message}', flush=True)
+
+  results = {}
+  results['overhead'], results['overhead_runs'] = overhead(args.quick, progress)
+  results['key_cost'], results['key_cost_runs'] = key_cost(args.quick, progress)
+  with open(args.out, 'w') as f:
+    json.dump(results, f)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

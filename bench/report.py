@@ -76,9 +76,10 @@ def _meta(results):
       f'{meta["rates_per_worker"]} (tables at '
       f'{meta["middle_rate_per_worker"]}); default num_shards '
       f'`{meta["default_num_shards"]}`; AdaptiveNumShards in the tree: '
-      f'{meta["adaptive"]}; per-batch overhead '
-      f'{meta["batch_overhead_tokens"]:.1f} computed-token equivalents '
-      f'(from the {meta["overhead_source"]}).',
+      f'{meta["adaptive"]}; overhead {meta["batch_overhead_tokens"]:.1f} '
+      f'computed-token equivalents per batch and '
+      f'{meta["request_overhead_tokens"]:.1f} per further request of a '
+      f'batch (from the {meta["overhead_source"]}).',
       '',
   ]
   if meta['skipped']:
@@ -274,10 +275,18 @@ def _engine(results):
       f'Throughput ratio, default against baseline, from the busiest '
       f'worker\'s engine time: {fleet["throughput_ratio"]:.2f}.',
       '',
-      f'Calibration over {cal["batches"]} timed batches: '
+      f'Calibration ({cal["repetitions"]} repetitions, medians): '
       f'{cal["seconds_per_token"] * 1e3:.3f} ms per computed token, '
-      f'{cal["batch_overhead_s"] * 1e3:.1f} ms per batch = '
-      f'{cal["batch_overhead_tokens"]:.1f} token equivalents.',
+      f'{cal["batch_overhead_s"] * 1e3:.1f} ms per batch '
+      f'({cal["batch_overhead_tokens"]:.1f} token equivalents) and '
+      f'{cal["request_overhead_s"] * 1e3:.1f} ms per further request '
+      f'({cal["request_overhead_tokens"]:.1f}). A least-squares fit of the '
+      f'{cal["fit_over_replayed_batches"]["batches"]} replayed batches\' '
+      'times on their computed tokens gives '
+      f'{cal["fit_over_replayed_batches"]["seconds_per_token"] * 1e3:.3f} '
+      'ms per token and '
+      f'{cal["fit_over_replayed_batches"]["batch_overhead_s"] * 1e3:.1f} ms '
+      'per batch.',
       '',
       'Per run and worker (engine seconds / computed tokens):',
       '',
@@ -364,8 +373,9 @@ DEFINITIONS = [
     '',
     '* hit rate: prompt tokens served from a prefix cache / all prompt '
     'tokens.',
-    '* work: the prompt tokens a worker computes plus the per-batch overhead '
-    'for each batch it serves; load max/mean is the busiest worker\'s work '
+    '* work: the prompt tokens a worker computes plus, for each batch it '
+    'serves, the per-batch overhead and the per-request overhead of every '
+    'request after the first; load max/mean is the busiest worker\'s work '
     'over the mean.',
     '* throughput vs baseline: requests over the busiest worker\'s work, '
     'over the same for the baseline (on the engine: its engine seconds).',

@@ -24,6 +24,7 @@ busy time, so a strategy's throughput against the baseline is the
 baseline's busiest work over its own.
 """
 
+import multiprocessing
 import statistics
 import time
 
@@ -84,8 +85,9 @@ def strategies(default_shards, batch_size: int, adaptive=None) -> dict:
 
 
 def run_point(
-    workload, rate, seed, builders, overhead_tokens, buffering_s=1.0) -> dict:
-  """Every strategy on one workload, rate and seed: name -> figures."""
+    workload, rate, seed, builders, overhead, buffering_s=1.0) -> dict:
+  """Every strategy on one workload, rate and seed: name -> figures.
+  overhead: (per batch, per further request), in computed tokens."""
   requests = workload.requests_at(rate, seed)
   figures = {}
   for name, build in builders.items():
@@ -93,7 +95,7 @@ def run_point(
     batches = fleet.form_batches(
         requests, route, workload.batch_size, round(buffering_s * MICROS))
     figures[name] = fleet.evaluate(
-        batches, workload.workers, workload.cache_blocks, overhead_tokens)
+        batches, workload.workers, workload.cache_blocks, *overhead)
   base = figures['baseline']['busiest_worker_work']
   best = figures['oracle']
   for row in figures.values():
@@ -141,20 +143,35 @@ def sweep_points(workload, rates, middle_rate, caches, zipfs):
   return points
 
 
+# The strategies of the running phase, for the forked processes that run
+# its points (closures do not pickle; a fork inherits them).
+_BUILDERS: dict = {}
+
+
+def _run_task(task):
+  point, rate, seed, overhead = task
+  return run_point(point, rate, seed, _BUILDERS, overhead)
+
+
 def phase(
     workloads,
     seeds,
     rates,
     builders,
-    overhead_tokens,
+    overhead,
     cache_factors,
     zipfs,
     progress=print,
-    side_fraction=1.0) -> tuple[dict, list, list]:
-  """Runs phase A: (streaming at the middle rate, the sweep, raw runs). The
-  cache and Zipf points of the sweep run side_fraction of the requests."""
+    side_fraction=1.0,
+    processes=1) -> tuple[dict, list, list]:
+  """Runs phase A: (streaming at the middle rate, the sweep, raw runs).
+
+  Every rate runs the workload's own requests; the cache and Zipf points
+  run side_fraction of them. processes > 1 runs the points in that many
+  forked processes; the figures do not depend on it.
+  """
   middle = sorted(rates)[len(rates) // 2]
-  streaming, sweep, runs = {}, [], []
+  points = []
   for workload in workloads:
     caches = sorted(
         {max(1, round(workload.cache_prefixes * f))
@@ -163,34 +180,47 @@ def phase(
                                             zipfs):
       point = varied if label == 'rate' else varied.scaled(
           requests=round(varied.requests * side_fraction))
-      started = time.monotonic()
-      per_seed = []
-      for seed in seeds:
-        figures = run_point(point, rate, seed, builders, overhead_tokens)
-        per_seed.append(figures)
-        runs.append({
-            'workload': workload.name,
-            'rate_per_worker': rate,
-            'cache_prefixes': point.cache_prefixes,
-            'zipf_s': point.zipf_s,
-            'requests': point.requests,
-            'seed': seed,
-            'figures': figures,
-        })
-      summary = summarize(per_seed)
-      sweep.append({
-          'workload': workload.name,
-          'varied': label,
+      points.append((workload.name, label, point, rate))
+  tasks = [(point, rate, seed, overhead) for _, _, point, rate in points
+           for seed in seeds]
+  _BUILDERS.clear()
+  _BUILDERS.update(builders)
+  started = time.monotonic()
+  if processes > 1:
+    with multiprocessing.get_context('fork').Pool(processes) as pool:
+      done = []
+      for figures in pool.imap(_run_task, tasks):
+        done.append(figures)
+        if len(done) % len(seeds) == 0:
+          name, label, point, rate = points[len(done) // len(seeds) - 1]
+          progress(
+              f'A {name}: {label} rate={rate} cache={point.cache_prefixes} '
+              f'zipf={point.zipf_s}: {time.monotonic() - started:.0f}s in')
+  else:
+    done = [_run_task(task) for task in tasks]
+  streaming, sweep, runs = {}, [], []
+  for index, (name, label, point, rate) in enumerate(points):
+    per_seed = done[index * len(seeds):(index + 1) * len(seeds)]
+    for seed, figures in zip(seeds, per_seed):
+      runs.append({
+          'workload': name,
           'rate_per_worker': rate,
           'cache_prefixes': point.cache_prefixes,
           'zipf_s': point.zipf_s,
           'requests': point.requests,
-          'strategies': summary,
+          'seed': seed,
+          'figures': figures,
       })
-      if label == 'rate' and rate == middle:
-        streaming[workload.name] = summary
-      progress(
-          f'A {workload.name}: {label} rate={rate} cache='
-          f'{point.cache_prefixes} zipf={point.zipf_s}: '
-          f'{time.monotonic() - started:.1f}s')
+    summary = summarize(per_seed)
+    sweep.append({
+        'workload': name,
+        'varied': label,
+        'rate_per_worker': rate,
+        'cache_prefixes': point.cache_prefixes,
+        'zipf_s': point.zipf_s,
+        'requests': point.requests,
+        'strategies': summary,
+    })
+    if label == 'rate' and rate == middle:
+      streaming[name] = summary
   return streaming, sweep, runs

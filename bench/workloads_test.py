@@ -90,7 +90,7 @@ def test_chat_popularity_drifts_at_the_middle():
 
 def test_run_point_scores_every_strategy_against_baseline_and_oracle():
   builders = streaming.strategies(8, SMALL.batch_size)
-  figures = streaming.run_point(SMALL, 4, 1, builders, overhead_tokens=16)
+  figures = streaming.run_point(SMALL, 4, 1, builders, (16, 2))
   assert set(figures) == set(builders) | {'bound'}
   assert figures['baseline']['throughput_vs_baseline'] == 1.0
   assert figures['oracle']['throughput_pct_of_oracle'] == 100.0
@@ -104,7 +104,7 @@ def test_an_adaptive_factory_adds_a_strategy():
   builders = streaming.strategies(
       8, 4, adaptive=lambda workload: (lambda key: 2))
   assert 'adaptive' in builders
-  figures = streaming.run_point(SMALL, 4, 1, builders, overhead_tokens=0)
+  figures = streaming.run_point(SMALL, 4, 1, builders, (0, 0))
   assert figures['adaptive']['purity'] == 1.0
 
 
@@ -127,3 +127,15 @@ def test_sweep_varies_one_thing_at_a_time():
               ('cache_prefixes', 4, 1.1, 16),
               ('zipf_s', 2, 0.6, 16),
           ]
+
+
+def test_phase_gives_the_same_figures_in_forked_processes():
+  builders = streaming.strategies(8, SMALL.batch_size)
+  args = ([SMALL], (1, 2), (2, 4), builders, (16, 2), (1, ), (1.1, ))
+  serial = streaming.phase(*args, progress=lambda _: None)
+  forked = streaming.phase(*args, progress=lambda _: None, processes=2)
+  assert serial == forked
+  streaming_figures, sweep, runs = serial
+  assert set(streaming_figures) == {'small'}
+  assert [e['rate_per_worker'] for e in sweep] == [2, 4]
+  assert len(runs) == 4
