@@ -17,9 +17,10 @@
 
 """report.md and the plots, generated from results.json alone.
 
-`python -m bench.report build/bench/results.json` regenerates them; every
-figure and setting in the report is read from the results, so that no
-prose restates a constant that could drift from the code.
+`python -m bench.report bench/results.json bench/RESULTS.md` regenerates
+the committed copies (the default is build/bench/). Every figure and
+setting in the report is read from the results, so that no prose restates
+a constant that could drift from the code.
 """
 
 import json
@@ -144,8 +145,9 @@ def _streaming(results):
       f'{meta["middle_rate_per_worker"]} requests/s per worker; medians '
       f'over {len(meta["seeds"])} seeds, min-max in the spread columns. '
       'Throughput is requests over the busiest worker\'s work (computed '
-      'prompt tokens plus the per-batch overhead), relative to the '
-      'baseline, and as a percentage of the oracle\'s.',
+      'prompt tokens plus the batch and request overheads), relative to the '
+      'baseline, and as a percentage of the oracle\'s. Every strategy sees '
+      'the same requests.',
       '',
   ]
   for name, rows in results['streaming'].items():
@@ -471,10 +473,14 @@ def write(results, out: Path) -> None:
 
 
 def main(argv=None) -> int:
-  path = Path((argv or sys.argv[1:] or ['build/bench/results.json'])[0])
+  """python -m bench.report [RESULTS_JSON [REPORT_MD]]: the plots go next to
+  the results, the report where named (by default report.md beside them)."""
+  args = argv if argv is not None else sys.argv[1:]
+  path = Path(args[0] if args else 'build/bench/results.json')
+  target = Path(args[1]) if len(args) > 1 else path.parent / 'report.md'
   results = json.loads(path.read_text())
   plot(results, path.parent)
-  (path.parent / 'report.md').write_text(render(results))
+  target.write_text(render(results))
   return 0
 
 
