@@ -57,9 +57,14 @@ VLLM_CPU_SERVER_KWARGS = {
 }
 
 
-def tiny_llama_hf(dest: Path = MODELS / 'tiny-llama-hf') -> Path:
-  """Writes (once) a random-weight LlamaForCausalLM of about 7M parameters
-  with a character-level tokenizer, in Hugging Face format."""
+def tiny_llama_hf(
+    dest: Path = MODELS / 'tiny-llama-hf',
+    hidden_size: int = 256,
+    intermediate_size: int = 768,
+    layers: int = 4,
+    heads: int = 4) -> Path:
+  """Writes (once) a random-weight LlamaForCausalLM (by default of about 7M
+  parameters) with a character-level tokenizer, in Hugging Face format."""
   if (dest / 'config.json').exists() and (dest / 'tokenizer.json').exists():
     return dest
   # pylint: disable=import-outside-toplevel
@@ -87,11 +92,11 @@ def tiny_llama_hf(dest: Path = MODELS / 'tiny-llama-hf') -> Path:
   torch.manual_seed(0)
   config = LlamaConfig(
       vocab_size=len(vocab),
-      hidden_size=256,
-      intermediate_size=768,
-      num_hidden_layers=4,
-      num_attention_heads=4,
-      num_key_value_heads=4,
+      hidden_size=hidden_size,
+      intermediate_size=intermediate_size,
+      num_hidden_layers=layers,
+      num_attention_heads=heads,
+      num_key_value_heads=heads,
       max_position_embeddings=2048,
       bos_token_id=vocab['<s>'],
       eos_token_id=vocab['</s>'],

@@ -1,0 +1,192 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""The real transforms on a streaming runner, against the fleet simulator.
+
+Each run drives BatchElements from the patched tree (keyed: WithBatchKey
+then the stateful batching DoFn; baseline: the stateful path with its shared
+key) on the streaming DirectRunner. A TestStream advances processing time to
+each request's arrival and then adds it, and ends with processing time well
+past every buffering timer. The DoFn's clock follows processing time: it
+reads the arrival of the element being batched (which element_size_fn shows
+it). The shard draws of WithBatchKey come from Python's global random
+generator, seeded before the run as the simulator's picker is.
+
+A run passes when the simulator forms exactly the same batches (the same
+requests in each) from the same requests.
+"""
+
+import random
+from collections import Counter
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.transforms import trigger
+from apache_beam.transforms import util
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import Duration
+from apache_beam.utils.timestamp import Timestamp
+from bench import fleet
+from bench.workloads import MICROS
+from bench.workloads import FlatWorkload
+
+BUFFERING_S = 1
+VALIDATION = FlatWorkload(
+    'V',
+    requests=240,
+    workers=4,
+    cache_prefixes=2,
+    batch_size=4,
+    zipf_s=1.1,
+    prefixes=8,
+    prefix_tokens=256,
+    suffix_tokens=32)
+RATE_PER_WORKER = 2.0
+
+
+class ArrivalClock:
+  """The batching DoFn's clock: the processing time at which the element it
+  is batching arrived. element_size_fn shows it each element first."""
+  def __init__(self):
+    self._now = Timestamp(0)
+
+  def observe(self, element):
+    self._now = Timestamp(micros=element[2])
+    return 1
+
+  def __call__(self):
+    return self._now
+
+
+def _key(element):
+  return element[1]
+
+
+class _Collect(beam.DoFn):
+  """Keeps every batch's request ids, in the bench process."""
+  def __init__(self, sink):
+    self._sink = sink
+
+  def process(self, batch):
+    _SINKS[self._sink].append(tuple(rid for rid, _, _ in batch))
+
+
+_SINKS: dict = {}
+
+
+def real_batches(requests, batch_size, num_shards, keyed, seed) -> list:
+  """The batches (tuples of request ids) the real transforms emit."""
+  stream = TestStream().advance_watermark_to(Timestamp(0))
+  now = 0
+  for request in requests:
+    stream.advance_processing_time(Duration(micros=request.arrival_us - now))
+    now = request.arrival_us
+    stream.add_elements([
+        window.TimestampedValue((request.rid, request.key, request.arrival_us),
+                                Timestamp(micros=request.arrival_us))
+    ])
+  stream.advance_processing_time(Duration(seconds=10 * BUFFERING_S))
+  stream.advance_watermark_to_infinity()
+  clock = ArrivalClock()
+  sink = f'{id(clock)}'
+  _SINKS[sink] = []
+  batching = (
+      util.BatchElements(
+          min_batch_size=batch_size,
+          max_batch_size=batch_size,
+          key_fn=_key,
+          num_shards=num_shards,
+          clock=clock,
+          element_size_fn=clock.observe) if keyed else util.BatchElements(
+              min_batch_size=batch_size,
+              max_batch_size=batch_size,
+              max_batch_duration_secs=BUFFERING_S,
+              clock=clock,
+              element_size_fn=clock.observe))
+  pipeline = beam.Pipeline(
+      runner='DirectRunner', options=StandardOptions(streaming=True))
+  _ = (
+      pipeline
+      | stream
+      | beam.WindowInto(
+          window.GlobalWindows(),
+          trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+          accumulation_mode=trigger.AccumulationMode.DISCARDING)
+      | batching
+      | beam.ParDo(_Collect(sink)))
+  random.seed(f'{seed}/shards')
+  pipeline.run().wait_until_finish()
+  return _SINKS.pop(sink)
+
+
+def on_the_millisecond(requests):
+  """The requests, their arrivals moved to whole milliseconds (TestStream
+  advances processing time in those) and apart, never exactly one buffering
+  duration after another arrival, so that no timer is due at an arrival."""
+  step = MICROS // 1000
+  taken: set = set()
+  out = []
+  for request in requests:
+    at = max(request.arrival_us // step * step, max(taken, default=0) + step)
+    while at - BUFFERING_S * MICROS in taken:
+      at += step
+    taken.add(at)
+    out.append(request._replace(arrival_us=at))
+  return out
+
+
+def simulated_batches(requests, batch_size, num_shards, keyed, seed):
+  route = (
+      fleet.KeyedRoute(
+          num_shards, fleet.RandomPicker(f'{seed}/shards'), VALIDATION.workers)
+      if keyed else fleet.baseline_route)
+  return fleet.form_batches(requests, route, batch_size, BUFFERING_S * MICROS)
+
+
+def validate(quick: bool, strategies: dict, seed, progress) -> dict:
+  """strategies: name -> num_shards (or 'baseline'). Returns, per strategy,
+  whether the simulator reproduced the real batches, with counts."""
+  workload = VALIDATION.scaled(requests=80 if quick else VALIDATION.requests)
+  requests = on_the_millisecond(workload.requests_at(RATE_PER_WORKER, seed))
+  out = {}
+  for name, num_shards in strategies.items():
+    keyed = name != 'baseline'
+    # The baseline's shared key is per worker: one worker's requests.
+    mine = requests if keyed else [r for r in requests if r.reader == 0]
+    progress(f'V: {name} on the streaming DirectRunner, {len(mine)} requests')
+    real = real_batches(mine, workload.batch_size, num_shards, keyed, seed)
+    simulated = simulated_batches(
+        mine, workload.batch_size, num_shards, keyed, seed)
+    sim = [tuple(r.rid for r in b.requests) for b in simulated]
+    full = sum(1 for b in sim if len(b) == workload.batch_size)
+    out[name] = {
+        'requests': len(mine),
+        'batches_real': len(real),
+        'batches_simulated': len(sim),
+        'batches_by_timer': len(sim) - full,
+        'batches_full': full,
+        'exact': Counter(real) == Counter(sim),
+        'matching_batches': sum((Counter(real) & Counter(sim)).values()),
+    }
+  return {
+      'workload': workload.describe(),
+      'rate_per_worker': RATE_PER_WORKER,
+      'seed': seed,
+      'buffering_s': BUFFERING_S,
+      'runs': out,
+  }
