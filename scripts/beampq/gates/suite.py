@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -44,10 +45,29 @@ def pytest_on(
     failed: Optional[list[str]] = None) -> int:
   """Runs Beam's pytest setup in an sdk folder: the tests in parallel, then
   the no_xdist ones alone. Adds the ids of failed tests to failed."""
-  env = dict(
+  with tempfile.TemporaryDirectory(prefix='beampq-pytest-') as tmp:
+    return _pytest_runs(sdk, targets, cache, failed, beam_test_env(sdk, tmp))
+
+
+def beam_test_env(sdk: Path, tmp: str) -> dict[str, str]:
+  """The environment of Beam's tests on sdk: the tree and the plugin on the
+  path, and a temporary folder of their own. Beam keeps machine-wide state
+  there (multi_process_shared servers are found by a file named after their
+  tag in tempfile.gettempdir()), which two test runs on one machine would
+  otherwise share."""
+  return dict(
       os.environ,
       PYTHONPATH=os.pathsep.join([str(sdk), str(PACKAGE_PARENT)]),
-      BEAMPQ_TREE=str(sdk))
+      BEAMPQ_TREE=str(sdk),
+      TMPDIR=tmp)
+
+
+def _pytest_runs(
+    sdk: Path,
+    targets: list[str],
+    cache: Path,
+    failed: Optional[list[str]],
+    env: dict[str, str]) -> int:
   common = [
       sys.executable,
       '-m',

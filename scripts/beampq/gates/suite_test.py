@@ -18,6 +18,10 @@
 """Tests of beampq.gates.suite: what the test gates run and how the
 regression gate judges failures."""
 
+import os
+import subprocess
+import sys
+
 from beampq.gates import suite
 
 
@@ -58,3 +62,22 @@ def test_regression_modules_cover_batch_elements_users(tmp_path):
 def test_the_pytest_plugin_is_importable_from_the_package_parent():
   assert (suite.PACKAGE_PARENT / 'beampq' / 'gates' /
           'pytest_plugin.py').is_file()
+
+
+def test_beam_tests_get_a_temporary_folder_of_their_own(tmp_path):
+  env = suite.beam_test_env(tmp_path / 'sdk', str(tmp_path / 'tmp'))
+  (tmp_path / 'tmp').mkdir()
+  seen = subprocess.run([
+      sys.executable,
+      '-c',
+      'import tempfile, beampq; print(tempfile.gettempdir()); '
+      'print(beampq.__file__)'
+  ],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        check=True).stdout.split()
+  assert seen[0] == str(tmp_path / 'tmp')
+  assert seen[1] == str(suite.PACKAGE_PARENT / 'beampq' / '__init__.py')
+  assert env['BEAMPQ_TREE'] == str(tmp_path / 'sdk')
+  assert env['PYTHONPATH'].split(os.pathsep)[0] == str(tmp_path / 'sdk')
