@@ -242,6 +242,23 @@ def test_refresh_keeps_each_patch_in_its_pull_request(project):
   queue.check(project)
 
 
+def test_refresh_refuses_a_pull_request_split_in_two(project):
+  # A commit moved (here: copied) from `fix` to after `feature`.
+  commit_in_tree(
+      project,
+      '[Python] Change line 5',
+      {
+          'sdks/python/apache_beam/util.py': (
+              project.tree /
+              'sdks/python/apache_beam/util.py').read_text().replace(
+                  'line 6\n', 'six\n')
+      })
+  with pytest.raises(Error, match='belongs to pull request \\[fix\\]'):
+    queue.refresh(project)
+  queue.update(project, force=True)
+  queue.check(project)
+
+
 def test_refresh_needs_a_pull_request(tmp_path, index):
   index.publish('apache_beam-9.9.0.tar.gz', testing.SDIST)
   project = testing.make_project(tmp_path)

@@ -148,12 +148,17 @@ def to_text(series: Series) -> str:
 
 def group(
     patches: Iterable[Patch], pull_request_names: Iterable[str]) -> Series:
-  """A series of patches, each in the pull request named beside it (in
-  order: a name seen again after another one starts a second group, which
-  parse refuses as a duplicate)."""
+  """A series of patches, each in the pull request named beside it. The
+  patches of a pull request must be next to each other."""
   series = Series()
   for patch, name in zip(patches, pull_request_names):
     if not series.pull_requests or series.pull_requests[-1].name != name:
+      if any(pr.name == name for pr in series.pull_requests):
+        raise Error(
+            f'{patch.name} belongs to pull request [{name}], whose patches '
+            f'come before those of [{series.pull_requests[-1].name}]: keep '
+            'the commits of a pull request together (git rebase -i base), '
+            'or move the "[name]" lines of patches/series')
       series.pull_requests.append(PullRequest(name))
     series.pull_requests[-1].patches.append(patch)
   return series

@@ -91,6 +91,14 @@ def test_group_starts_a_pull_request_where_the_name_changes():
                                                ('b', ['2.patch', '3.patch'])]
 
 
+def test_group_refuses_a_pull_request_split_in_two():
+  patches = [Patch('1.patch'), Patch('2.patch'), Patch('3.patch')]
+  with pytest.raises(Error,
+                     match='3.patch belongs to pull request \\[a\\], '
+                     'whose patches come before those of \\[b\\]'):
+    series.group(patches, ['a', 'b', 'a'])
+
+
 def test_get_names_the_pull_requests_there_are():
   parsed = series.parse(TEXT)
   assert parsed.get('fix').patches == [Patch('0001-a.patch')]
