@@ -86,6 +86,7 @@ def _pytest_runs(
       '-o',
       'cache_dir=' + str(cache),
       '-rfEs',
+      '--durations=10',
   ]
   codes = []
   for marker, parallel in (('not no_xdist', ['-n', '2']), ('no_xdist', [])):
