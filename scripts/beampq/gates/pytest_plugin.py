@@ -15,7 +15,7 @@
 # limitations under the License.
 #
 
-"""pytest plugin that `beampq test` loads to run Beam's tests on the tree.
+"""pytest plugin that `beampq test` loads (`-p beampq.gates.pytest_plugin`) to run Beam's tests on the tree.
 
 The sdist has no root conftest.py, so this plugin does the parts of Beam's
 that the unit tests rely on: the --test-pipeline-options option read by

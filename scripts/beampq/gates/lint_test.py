@@ -1,0 +1,77 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Tests of beampq.gates.lint on a small project's tree, with the real ruff
+and yapf the harness env installs."""
+
+from beampq import testing
+from beampq.gates import lint
+from beampq.gates.workspace import Workspace
+
+
+def test_unittest_main_check(tmp_path):
+  files = {
+      'a_test.py': 'import unittest\n',
+      'b_test.py': 'import unittest\n\nif __name__ == "__main__":\n'
+      '  unittest.main()\n',
+      'c_test.py': 'from unittest import mock\n',
+  }
+  for name, text in files.items():
+    (tmp_path / name).write_text(text)
+  assert lint.unittest_main_problems(tmp_path, list(files) + ['gone.py']) == [
+      'a_test.py imports unittest but never calls unittest.main'
+  ]
+
+
+def test_ruff_ratchet_fails_only_on_what_the_queue_adds(project, capsys):
+  testing.commit_in_tree(
+      project,
+      'Lint',
+      {
+          # The base file gets an unused import at the top, which also moves
+          # its lines; the new module gets one too.
+          'sdks/python/apache_beam/__init__.py': 'import os\n',
+          'sdks/python/apache_beam/new_mod.py': 'import sys\nNEW = 1\n',
+      })
+  ws = Workspace.open(project)
+  (ws.base_sdk / 'apache_beam/__init__.py').write_text('import os\n')
+  # util.py of the small project is not Python: leave it out.
+  before = lint.ruff_findings(ws.base_sdk, ['apache_beam/__init__.py'])
+  after = lint.ruff_findings(
+      ws.sdk, ['apache_beam/__init__.py', 'apache_beam/new_mod.py'])
+  assert [(f.path, f.code)
+          for f in before] == [('apache_beam/__init__.py', 'F401')]
+  assert lint.findings.ratchet('ruff', before, after) is False
+  assert 'apache_beam/new_mod.py:1: F401' in capsys.readouterr().out
+
+
+def test_format_fixes_the_touched_files_in_the_tree(project, capsys):
+  testing.commit_in_tree(
+      project,
+      'Ugly',
+      {
+          # yapf stops at a file that is not Python: make util.py Python.
+          'sdks/python/apache_beam/util.py': 'UTIL = 1\n',
+          'sdks/python/apache_beam/new_mod.py': 'import sys,os\nNEW = ( 1 )\n',
+      })
+  assert lint.format_files(Workspace.open(project)) == 0
+  assert (project.tree / 'sdks/python/apache_beam/new_mod.py').read_text() == (
+      'import os\nimport sys\n\nNEW = (1)\n')
+  assert '1 changed in build/beam' in capsys.readouterr().out
+  assert testing.tree_git(
+      project, 'status',
+      '--porcelain') == ('M sdks/python/apache_beam/new_mod.py')

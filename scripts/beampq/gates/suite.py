@@ -1,0 +1,188 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Beam's tests on the patched tree: the `test` gate (the test modules the
+queue touches) and the opt-in `regression` gate (the wider suites, with
+failures compared against the base)."""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import beampq
+from beampq import Error
+from beampq.gates.workspace import Workspace
+
+# The folder that holds the beampq package, for the pytest plugin.
+PACKAGE_PARENT = Path(beampq.__file__).resolve().parent.parent
+# Test folders that exercise BatchElements and RunInference as a whole.
+REGRESSION_FOLDERS = ('apache_beam/transforms', 'apache_beam/ml/inference')
+
+
+def pytest_on(
+    sdk: Path,
+    targets: list[str],
+    cache: Path,
+    failed: Optional[list[str]] = None) -> int:
+  """Runs Beam's pytest setup in an sdk folder: the tests in parallel, then
+  the no_xdist ones alone. Adds the ids of failed tests to failed."""
+  with tempfile.TemporaryDirectory(prefix='beampq-pytest-') as tmp:
+    return _pytest_runs(sdk, targets, cache, failed, beam_test_env(sdk, tmp))
+
+
+def beam_test_env(sdk: Path, tmp: str) -> dict[str, str]:
+  """The environment of Beam's tests on sdk: the tree and the plugin on the
+  path, and a temporary folder of their own. Beam keeps machine-wide state
+  there (multi_process_shared servers are found by a file named after their
+  tag in tempfile.gettempdir()), which two test runs on one machine would
+  otherwise share."""
+  return dict(
+      os.environ,
+      PYTHONPATH=os.pathsep.join([str(sdk), str(PACKAGE_PARENT)]),
+      BEAMPQ_TREE=str(sdk),
+      TMPDIR=tmp)
+
+
+def _pytest_runs(
+    sdk: Path,
+    targets: list[str],
+    cache: Path,
+    failed: Optional[list[str]],
+    env: dict[str, str]) -> int:
+  common = [
+      sys.executable,
+      '-m',
+      'pytest',
+      '-p',
+      'beampq.gates.pytest_plugin',
+      '--import-mode=importlib',
+      '-o',
+      'python_classes=',
+      '-o',
+      'python_functions=',
+      '-o',
+      'python_files=test_*.py *_test.py *_test_py3*.py *_test_it.py',
+      '-o',
+      'timeout=600',
+      '-o',
+      'cache_dir=' + str(cache),
+      '-rfEs',
+      '--durations=10',
+  ]
+  codes = []
+  for marker, parallel in (('not no_xdist', ['-n', '2']), ('no_xdist', [])):
+    print(f'beampq: pytest -m "{marker}" in {sdk}', flush=True)
+    with subprocess.Popen(common + parallel + ['-m', marker] + targets,
+                          cwd=sdk,
+                          env=env,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True) as run:
+      assert run.stdout is not None
+      for line in run.stdout:
+        print(line, end='', flush=True)
+        match = re.match(r'^(?:FAILED|ERROR) (\S+)', line)
+        if match and failed is not None:
+          failed.append(match.group(1))
+    codes.append(run.returncode)
+  if all(code == 5 for code in codes):
+    print('beampq: no tests were collected')
+    return 0
+  return next((code for code in codes if code not in (0, 5)), 0)
+
+
+def run(ws: Workspace, pytest_args: list[str]) -> int:
+  """The test modules the queue touches or adds, or pytest_args."""
+  targets = pytest_args or ws.test_modules
+  print(f'beampq: test modules: {" ".join(targets)}')
+  return pytest_on(ws.sdk, targets, ws.project.build / 'pytest-cache')
+
+
+def regression_modules(sdk: Path) -> list[str]:
+  """The test modules of REGRESSION_FOLDERS, plus the tests of every module
+  (examples aside) that uses BatchElements."""
+  modules = {
+      str(path.relative_to(sdk))
+      for folder in REGRESSION_FOLDERS
+      for path in (sdk / folder).rglob('*_test.py')
+  }
+  for path in (sdk / 'apache_beam').rglob('*.py'):
+    if 'examples' in path.parts or path.name.endswith('_test.py'):
+      continue
+    module_test = path.with_name(path.stem + '_test.py')
+    if module_test.exists() and 'BatchElements' in path.read_text(
+        errors='replace'):
+      modules.add(str(module_test.relative_to(sdk)))
+  return sorted(modules)
+
+
+def classify_failures(
+    failed: list[str], failed_again: list[str],
+    failed_before: list[str]) -> dict[str, list[str]]:
+  """Sorts the tests that failed on the patched tree by what their reruns
+  did: failed on the base too, passed on a rerun, or neither."""
+  return {
+      'also fails on the base': [t for t in failed if t in failed_before],
+      'flaky: passed when rerun': [
+          t for t in failed if t not in failed_before and t not in failed_again
+      ],
+      'NEW': [
+          t for t in failed if t not in failed_before and t in failed_again
+      ],
+  }
+
+
+def regression(ws: Workspace, pytest_args: list[str]) -> int:
+  """Runs the wider suites on the patched tree; failures that also occur on
+  the base are listed as such, and only new ones fail the run."""
+  cache = ws.project.build / 'pytest-cache'
+  targets = pytest_args or regression_modules(ws.sdk)
+  print(f'beampq: regression: {len(targets)} test modules: {" ".join(targets)}')
+  started = time.monotonic()
+  failed: list[str] = []
+  code = pytest_on(ws.sdk, targets, cache, failed)
+  if code not in (0, 1):
+    raise Error(f'pytest exited with {code} on the patched tree')
+  files = sorted({name.split('::')[0] for name in failed})
+  failed_again: list[str] = []
+  failed_before: list[str] = []
+  if files:
+    print(
+        f'beampq: rerunning the {len(files)} files with failures on the '
+        'patched tree and on the base',
+        flush=True)
+    pytest_on(ws.sdk, files, cache, failed_again)
+    base_sdk = ws.base_sdk
+    pytest_on(
+        base_sdk, [f for f in files if (base_sdk / f).is_file()],
+        cache,
+        failed_before)
+  verdicts = classify_failures(failed, failed_again, failed_before)
+  minutes = (time.monotonic() - started) / 60
+  print(
+      f'beampq: regression: {len(targets)} modules in {minutes:.1f} min; '
+      f'{len(failed)} failures on the patched tree: ' + ', '.join(
+          f'{len(tests)} {verdict}' for verdict, tests in verdicts.items()))
+  for verdict, tests in verdicts.items():
+    for name in tests:
+      print(f'  {verdict}: {name}')
+  return 1 if verdicts['NEW'] else 0

@@ -1,0 +1,226 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Every git command beampq runs goes through this module.
+
+Commands on repositories the tool owns (build/beam, scratch trees) run
+isolated: the user's and the system's git config are ignored, so that hooks,
+signing or aliases cannot change how a tree is built. The identity the tool
+commits with comes from git itself (``user.name`` and ``user.email``, or the
+``GIT_AUTHOR_*`` and ``GIT_COMMITTER_*`` variables) through `identity`.
+"""
+
+import dataclasses
+import os
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+from beampq import Error
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+  """A person as git records one: name and email."""
+  name: str
+  email: str
+
+  def env(self, role: str, date: Optional[str] = None) -> dict[str, str]:
+    """The variables that make git record this identity as role
+    ('AUTHOR' or 'COMMITTER'), at date when given."""
+    env = {
+        f'GIT_{role}_NAME': self.name,
+        f'GIT_{role}_EMAIL': self.email,
+    }
+    if date is not None:
+      env[f'GIT_{role}_DATE'] = date
+    return env
+
+  def __str__(self):
+    return f'{self.name} <{self.email}>'
+
+
+def _environment(isolated: bool, env: Optional[dict[str, str]]):
+  full = dict(os.environ, LC_ALL='C', TZ='UTC')
+  if isolated:
+    full.update(GIT_CONFIG_NOSYSTEM='1', GIT_CONFIG_GLOBAL=os.devnull)
+  full.update(env or {})
+  return full
+
+
+def attempt(
+    *args: str,
+    cwd: Path,
+    isolated: bool = True,
+    env: Optional[dict[str, str]] = None,
+    stdin: Optional[str] = None) -> subprocess.CompletedProcess:
+  """Runs git and returns the result, whether it succeeded or not."""
+  return subprocess.run(['git', *args],
+                        cwd=cwd,
+                        env=_environment(isolated, env),
+                        input=stdin,
+                        capture_output=True,
+                        text=True,
+                        check=False)
+
+
+def run(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+  """Runs git; a failure raises Error with git's error line (its last
+  "fatal:" or "error:" line, else its last line)."""
+  result = attempt(*args, cwd=cwd, **kwargs)
+  if result.returncode != 0:
+    lines = (result.stderr or result.stdout).strip().splitlines()
+    errors = [l for l in lines if l.startswith(('fatal:', 'error:'))]
+    message = (errors or lines or [f'exit code {result.returncode}'])[-1]
+    raise Error(f'git {" ".join(args[:2])} failed in {cwd}: {message}')
+  return result
+
+
+def output(*args: str, cwd: Path, **kwargs) -> str:
+  """Runs git and returns its output, stripped."""
+  return run(*args, cwd=cwd, **kwargs).stdout.strip()
+
+
+def binary_output(*args: str, cwd: Path) -> bytes:
+  """Runs isolated git and returns its output as bytes (blobs, archives)."""
+  result = subprocess.run(['git', *args],
+                          cwd=cwd,
+                          env=_environment(True, None),
+                          capture_output=True,
+                          check=False)
+  if result.returncode != 0:
+    raise Error(
+        f'git {" ".join(args[:2])} failed in {cwd}: '
+        f'{result.stderr.decode(errors="replace").strip()}')
+  return result.stdout
+
+
+def identity(role: str = 'AUTHOR', cwd: Optional[Path] = None) -> Identity:
+  """Who the user is to git, as role ('AUTHOR' or 'COMMITTER')."""
+  result = attempt(
+      'var', f'GIT_{role}_IDENT', cwd=cwd or Path.cwd(), isolated=False)
+  line = result.stdout.strip()
+  name, _, rest = line.partition(' <')
+  email = rest.split('>', 1)[0]
+  if result.returncode != 0 or not name or not email:
+    raise Error(
+        'git does not know who you are: set `git config --global '
+        'user.name` and `user.email` (beampq writes patches and commits '
+        'in your name)')
+  return Identity(name, email)
+
+
+def dirty_paths(repo: Path, isolated: bool = True) -> list[str]:
+  """`git status --porcelain` lines: uncommitted and untracked changes."""
+  return output(
+      'status', '--porcelain', cwd=repo, isolated=isolated).splitlines()
+
+
+def operation_in_progress(repo: Path) -> Optional[str]:
+  """The git operation (am, rebase, merge, cherry-pick) stopped half way in
+  repo, or None."""
+  git_dir = Path(output('rev-parse', '--absolute-git-dir', cwd=repo))
+  for name, what in (('rebase-apply', 'git am or rebase'),
+                     ('rebase-merge', 'rebase'), ('MERGE_HEAD', 'merge'),
+                     ('CHERRY_PICK_HEAD', 'cherry-pick')):
+    if (git_dir / name).exists():
+      return what
+  return None
+
+
+def commits_since(repo: Path, since: str, until: str = 'HEAD') -> list[str]:
+  """The commits since..until, oldest first."""
+  return output('rev-list', '--reverse', f'{since}..{until}', cwd=repo).split()
+
+
+def set_author(repo: Path, since: str, author: Identity) -> int:
+  """Makes author the author of every commit since..HEAD, keeping each
+  commit's dates, message and files; returns how many commits changed.
+
+  The branch is rewritten with plumbing, so the work tree and the index,
+  which hold the same files, are left alone.
+  """
+  parent = since
+  rewritten = 0
+  committer = identity('COMMITTER', repo)
+  for commit in commits_since(repo, since):
+    name, email, authored, committed = output(
+        'log', '-1', '--format=%an%n%ae%n%aI%n%cI', commit,
+        cwd=repo).split('\n')
+    if rewritten == 0 and (name, email) == (author.name, author.email):
+      parent = commit
+      continue
+    raw = output('cat-file', 'commit', commit, cwd=repo)
+    message = raw.split('\n\n', 1)[1] + '\n' if '\n\n' in raw else ''
+    parent = output(
+        'commit-tree',
+        f'{commit}^{{tree}}',
+        '-p',
+        parent,
+        cwd=repo,
+        stdin=message,
+        env={
+            **author.env('AUTHOR', authored),
+            **committer.env('COMMITTER', committed)
+        })
+    rewritten += 1
+  if rewritten:
+    run(
+        'update-ref',
+        '-m',
+        f'beampq: author {author}',
+        'HEAD',
+        parent,
+        cwd=repo)
+  return rewritten
+
+
+def patch_subject(patch_text: str) -> str:
+  """The commit subject a `git format-patch` file carries, without the
+  [PATCH] prefix."""
+  info = run(
+      'mailinfo',
+      '-b',
+      os.devnull,
+      os.devnull,
+      cwd=Path.cwd(),
+      stdin=patch_text).stdout
+  for line in info.splitlines():
+    if line.startswith('Subject: '):
+      return line[len('Subject: '):]
+  return ''
+
+
+def patch_id(patch_text: str) -> Optional[str]:
+  """git's stable id of a patch's diff (the same for a reworded commit), or
+  None when the patch has no diff."""
+  out = run('patch-id', '--stable', cwd=Path.cwd(), stdin=patch_text).stdout
+  return out.split()[0] if out.strip() else None
+
+
+def touched_paths(repo: Path, since: str) -> tuple[list[str], list[str]]:
+  """The files repo's work tree changes since a commit and the files it
+  adds, uncommitted and untracked work included."""
+  changed = output(
+      'diff', '--name-status', '--no-renames', since, cwd=repo).splitlines()
+  untracked = output(
+      'ls-files', '--others', '--exclude-standard', cwd=repo).splitlines()
+  modified = sorted(
+      line.split('\t', 1)[1] for line in changed if line[0] in 'MT')
+  added = sorted([line.split('\t', 1)[1]
+                  for line in changed if line[0] == 'A'] + untracked)
+  return modified, added

@@ -1,0 +1,146 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Tests of beampq.git, on real repositories."""
+
+from pathlib import Path
+
+import pytest
+
+from beampq import Error
+from beampq import git
+from beampq.git import Identity
+
+
+def make_repo(path: Path) -> Path:
+  path.mkdir()
+  git.run('init', '-q', '-b', 'main', cwd=path)
+  return path
+
+
+def commit(repo: Path, name: str, text: str, message: str, **env: str):
+  (repo / name).write_text(text)
+  git.run('add', name, cwd=repo)
+  git.run('commit', '-q', '-m', message, cwd=repo, env=env)
+  return git.output('rev-parse', 'HEAD', cwd=repo)
+
+
+def test_identity_is_gits():
+  assert git.identity() == Identity('Test Author', 'author@example.com')
+  assert git.identity('COMMITTER') == Identity(
+      'Test Committer', 'committer@example.com')
+
+
+def test_identity_reads_the_users_config(tmp_path, monkeypatch):
+  for variable in ('GIT_AUTHOR_NAME', 'GIT_AUTHOR_EMAIL', 'EMAIL'):
+    monkeypatch.delenv(variable, raising=False)
+  config = tmp_path / 'gitconfig'
+  config.write_text('[user]\n\tname = Ada\n\temail = ada@example.org\n')
+  monkeypatch.setenv('GIT_CONFIG_GLOBAL', str(config))
+  assert git.identity() == Identity('Ada', 'ada@example.org')
+
+
+def test_an_unknown_identity_is_a_clear_error(tmp_path, monkeypatch):
+  for variable in ('GIT_AUTHOR_NAME', 'GIT_AUTHOR_EMAIL', 'EMAIL'):
+    monkeypatch.delenv(variable, raising=False)
+  monkeypatch.setenv('GIT_CONFIG_GLOBAL', str(tmp_path / 'none'))
+  monkeypatch.setenv('GIT_CONFIG_NOSYSTEM', '1')
+  # Never guess from the host name.
+  monkeypatch.setenv('GIT_CONFIG_COUNT', '1')
+  monkeypatch.setenv('GIT_CONFIG_KEY_0', 'user.useConfigOnly')
+  monkeypatch.setenv('GIT_CONFIG_VALUE_0', 'true')
+  with pytest.raises(Error, match='git does not know who you are'):
+    git.identity()
+
+
+def test_set_author_keeps_dates_messages_and_files(tmp_path):
+  repo = make_repo(tmp_path / 'repo')
+  base = commit(repo, 'a', '1\n', 'base')
+  dated = '2024-05-06T07:08:09+02:00'
+  commit(
+      repo,
+      'a',
+      '2\n',
+      'one\n\nbody\n',
+      GIT_AUTHOR_NAME='Other',
+      GIT_AUTHOR_DATE=dated,
+      GIT_COMMITTER_DATE=dated)
+  commit(repo, 'b', '3\n', 'two', GIT_AUTHOR_DATE=dated)
+  files = git.output('rev-parse', 'HEAD^{tree}', cwd=repo)
+  me = Identity('Me', 'me@example.org')
+  assert git.set_author(repo, base, me) == 2
+  log = git.output(
+      'log', '--format=%an <%ae>|%aI|%cI|%B', f'{base}..HEAD',
+      cwd=repo).split('\n')
+  assert [line for line in log if line] == [
+      f'Me <me@example.org>|{dated}|' +
+      git.output('log', '-1', '--format=%cI', 'HEAD', cwd=repo) + '|two',
+      f'Me <me@example.org>|{dated}|{dated}|one',
+      'body',
+  ]
+  assert git.output('rev-parse', 'HEAD^{tree}', cwd=repo) == files
+  assert git.dirty_paths(repo) == []
+  head = git.output('rev-parse', 'HEAD', cwd=repo)
+  assert git.set_author(repo, base, me) == 0
+  assert git.output('rev-parse', 'HEAD', cwd=repo) == head
+
+
+def test_patch_subject_and_id(tmp_path):
+  repo = make_repo(tmp_path / 'repo')
+  commit(repo, 'a', '1\n', 'base')
+  commit(
+      repo,
+      'a',
+      '2\n',
+      '[Python] A long subject that git format-patch '
+      'folds over two lines of the header')
+  first = git.output('format-patch', '-1', '--stdout', cwd=repo)
+  git.run('commit', '-q', '--amend', '-m', '[Python] Reworded', cwd=repo)
+  reworded = git.output('format-patch', '-1', '--stdout', cwd=repo)
+  assert git.patch_subject(first) == (
+      '[Python] A long subject that git format-patch folds over two lines '
+      'of the header')
+  assert git.patch_subject(reworded) == '[Python] Reworded'
+  assert git.patch_id(first) == git.patch_id(reworded) is not None
+  assert git.patch_id(reworded.split('\ndiff --git')[0]) is None
+
+
+def test_touched_paths_include_uncommitted_work(tmp_path):
+  repo = make_repo(tmp_path / 'repo')
+  base = commit(repo, 'a', '1\n', 'base')
+  (repo / 'b').write_text('')
+  commit(repo, 'b', 'b\n', 'add b')
+  (repo / 'a').write_text('edited\n')
+  (repo / 'c').write_text('untracked\n')
+  assert git.touched_paths(repo, base) == (['a'], ['b', 'c'])
+
+
+def test_operation_in_progress(tmp_path):
+  repo = make_repo(tmp_path / 'repo')
+  commit(repo, 'a', '1\n', 'base')
+  git.run('checkout', '-q', '-b', 'other', cwd=repo)
+  commit(repo, 'a', 'other\n', 'other')
+  git.run('checkout', '-q', 'main', cwd=repo)
+  commit(repo, 'a', 'main\n', 'main')
+  assert git.operation_in_progress(repo) is None
+  assert git.attempt('cherry-pick', 'other', cwd=repo).returncode != 0
+  assert git.operation_in_progress(repo) == 'cherry-pick'
+
+
+def test_failures_raise_with_gits_message(tmp_path):
+  with pytest.raises(Error, match='git rev-parse HEAD failed in .*: fatal'):
+    git.run('rev-parse', 'HEAD', cwd=make_repo(tmp_path / 'repo'))
