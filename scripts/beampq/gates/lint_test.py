@@ -75,3 +75,20 @@ def test_format_fixes_the_touched_files_in_the_tree(project, capsys):
   assert testing.tree_git(
       project, 'status',
       '--porcelain') == ('M sdks/python/apache_beam/new_mod.py')
+
+
+def test_format_leaves_files_outside_the_package_alone(project):
+  # Beam formats apache_beam/ with yapf, but not setup.py.
+  setup = "setup(name='apache-beam',\n  packages = [ 'apache_beam' ])\n"
+  testing.commit_in_tree(
+      project,
+      '[Python] Touch setup.py',
+      {
+          'sdks/python/setup.py': setup,
+          'sdks/python/apache_beam/util.py': 'UTIL = 1\n',
+          'sdks/python/apache_beam/new_mod.py': 'NEW = [ 1,2 ]\n',
+      })
+  lint.format_files(Workspace.open(project))
+  sdk = project.tree / 'sdks/python'
+  assert (sdk / 'setup.py').read_text() == setup
+  assert (sdk / 'apache_beam/new_mod.py').read_text() == 'NEW = [1, 2]\n'
