@@ -418,7 +418,9 @@ class CountersTest(PublisherTestBase):
   def test_stop_publishes_the_last_increase(self):
     publisher = self.start_with_counters(
         poll_interval_secs=600, window_secs=600)
-    self.settle(scrapes=1)
+    # The first scrape may come before settle() could count it, and the next
+    # one is ten minutes away: wait for the first one itself.
+    wait_until(lambda: self.server.scrapes >= 1, 'the first scrape')
     self.server.add_cache_tokens(hits=7, queries=9)
     publisher.stop()
     self.assertEqual((self.counter('hits'), self.counter('queries')), (7, 9))
