@@ -64,7 +64,7 @@ class _CountingWeigher:
 
 def overhead(quick: bool, progress) -> tuple[dict, dict]:
   count = 3_000 if quick else 100_000
-  repetitions = 2
+  repetitions = 3
   elements = [(i, f'prefix-{i % KEYS}') for i in range(count)]
   variants = {
       'stateless': ({}, 1),
