@@ -127,7 +127,7 @@ class RandomPicker:
     self._rng = random.Random(seed)
 
   def __call__(self, reader, key, count):
-    return self._rng.randrange(count) if count > 1 else 0
+    return int(self._rng.random() * count) if count > 1 else 0
 
 
 class StickyPicker:
