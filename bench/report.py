@@ -305,6 +305,16 @@ def _engine(results):
   return lines + ['', '![engine](engine.png)', '']
 
 
+def _per_repetition(ratio, times):
+  """A ratio 'a_over_b' of two variants, repetition by repetition: how much
+  the machine's noise moves it. Empty for any other figure."""
+  numerator, _, denominator = ratio.partition('_over_')
+  if numerator not in times or denominator not in times:
+    return ''
+  return ', '.join(
+      f'{a / b:.2f}' for a, b in zip(times[numerator], times[denominator]))
+
+
 def _overhead(results):
   if 'overhead' not in results:
     return []
@@ -330,8 +340,10 @@ def _overhead(results):
       'state-cache weighings per state key'
   ],
                   rows)
-  lines += [''] + _table(['ratio', 'value'], [[k, f'{v:.2f}']
-                                              for k, v in over.items()])
+  lines += [''] + _table(
+      ['ratio', 'value', 'per repetition'],
+      [[name, f'{value:.2f}', _per_repetition(name, runs['times_s'])]
+       for name, value in over.items()])
   cost = results['key_cost_runs']['per_call_us']
   lines += ['', '## D. Key cost', ''] + _table(
       ['key function', 'median per call (us)'], [[k, f'{v:.2f}']

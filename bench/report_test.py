@@ -77,3 +77,10 @@ def test_write_puts_results_and_report_side_by_side(tmp_path):
   written = json.loads((tmp_path / 'results.json').read_text())
   assert written['meta']['beam_tree_commit'] == 'abc123'
   assert (tmp_path / 'report.md').read_text() == report.render(written)
+
+
+def test_overhead_ratios_are_shown_repetition_by_repetition():
+  times = {'keyed_512': [12.0, 11.0], 'stateful': [10.0, 11.0]}
+  ratios = report._per_repetition('keyed_512_over_stateful', times)
+  assert ratios == '1.20, 1.00'
+  assert report._per_repetition('state_cache_weighings_per_key', times) == ''
