@@ -20,8 +20,10 @@
 Commands on repositories the tool owns (build/beam, scratch trees) run
 isolated: the user's and the system's git config are ignored, so that hooks,
 signing or aliases cannot change how a tree is built. The identity the tool
-commits with comes from git itself (``user.name`` and ``user.email``, or the
-``GIT_AUTHOR_*`` and ``GIT_COMMITTER_*`` variables) through `identity`.
+commits with comes from git itself through `identity`, asked in the
+patch-set repository: ``user.name`` and ``user.email`` from that clone's own
+config, the user's global config or the system's, or the ``GIT_AUTHOR_*``
+and ``GIT_COMMITTER_*`` variables, as git itself would commit there.
 """
 
 import dataclasses
@@ -110,7 +112,9 @@ def binary_output(*args: str, cwd: Path) -> bytes:
 
 
 def identity(role: str = 'AUTHOR', cwd: Optional[Path] = None) -> Identity:
-  """Who the user is to git, as role ('AUTHOR' or 'COMMITTER')."""
+  """Who the user is to git, as role ('AUTHOR' or 'COMMITTER'), asked in cwd
+  (default: the current directory): a repository's own config counts, so
+  callers pass the patch-set repository, not the trees the tool owns."""
   result = attempt(
       'var', f'GIT_{role}_IDENT', cwd=cwd or Path.cwd(), isolated=False)
   line = result.stdout.strip()
@@ -118,9 +122,9 @@ def identity(role: str = 'AUTHOR', cwd: Optional[Path] = None) -> Identity:
   email = rest.split('>', 1)[0]
   if result.returncode != 0 or not name or not email:
     raise Error(
-        'git does not know who you are: set `git config --global '
-        'user.name` and `user.email` (beampq writes patches and commits '
-        'in your name)')
+        f'git does not know who you are in {cwd or Path.cwd()}: set '
+        '`git config user.name` and `user.email` (in this clone, or with '
+        '--global) (beampq writes patches and commits in your name)')
   return Identity(name, email)
 
 
@@ -147,16 +151,17 @@ def commits_since(repo: Path, since: str, until: str = 'HEAD') -> list[str]:
   return output('rev-list', '--reverse', f'{since}..{until}', cwd=repo).split()
 
 
-def set_author(repo: Path, since: str, author: Identity) -> int:
-  """Makes author the author of every commit since..HEAD, keeping each
-  commit's dates, message and files; returns how many commits changed.
+def set_author(
+    repo: Path, since: str, author: Identity, committer: Identity) -> int:
+  """Makes author the author of every commit since..HEAD (committed by
+  committer), keeping each commit's dates, message and files; returns how
+  many commits changed.
 
   The branch is rewritten with plumbing, so the work tree and the index,
   which hold the same files, are left alone.
   """
   parent = since
   rewritten = 0
-  committer = identity('COMMITTER', repo)
   for commit in commits_since(repo, since):
     name, email, authored, committed = output(
         'log', '-1', '--format=%an%n%ae%n%aI%n%cI', commit,

@@ -17,13 +17,20 @@
 
 """Tests of beampq.git, on real repositories."""
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from beampq import Error
 from beampq import git
+from beampq import testing
 from beampq.git import Identity
+
+PACKAGE = Path(__file__).resolve().parent
 
 
 def make_repo(path: Path) -> Path:
@@ -45,26 +52,97 @@ def test_identity_is_gits():
       'Test Committer', 'committer@example.com')
 
 
-def test_identity_reads_the_users_config(tmp_path, monkeypatch):
-  for variable in ('GIT_AUTHOR_NAME', 'GIT_AUTHOR_EMAIL', 'EMAIL'):
-    monkeypatch.delenv(variable, raising=False)
-  config = tmp_path / 'gitconfig'
-  config.write_text('[user]\n\tname = Ada\n\temail = ada@example.org\n')
-  monkeypatch.setenv('GIT_CONFIG_GLOBAL', str(config))
-  assert git.identity() == Identity('Ada', 'ada@example.org')
+def forget_identity(tmp_path: Path, monkeypatch) -> Path:
+  """Takes every identity away from git; returns a new repository with no
+  config of its own to ask git in."""
+  testing.forget_identity(monkeypatch, tmp_path)
+  return make_repo(tmp_path / 'repo')
+
+
+def set_identity(tmp_path: Path, monkeypatch, repo: Path, where: str):
+  """Makes Ada the user, in one of the places git reads an identity from."""
+  if where == 'environment':
+    for role in ('AUTHOR', 'COMMITTER'):
+      monkeypatch.setenv(f'GIT_{role}_NAME', 'Ada')
+      monkeypatch.setenv(f'GIT_{role}_EMAIL', 'ada@example.org')
+    return
+  config = {
+      'local': repo / '.git' / 'config',
+      'global': tmp_path / 'global-gitconfig',
+      'system': tmp_path / 'system-gitconfig',
+  }[where]
+  git.run('config', '--file', str(config), 'user.name', 'Ada', cwd=repo)
+  git.run(
+      'config',
+      '--file',
+      str(config),
+      'user.email',
+      'ada@example.org',
+      cwd=repo)
+
+
+@pytest.mark.parametrize('where', ['local', 'global', 'system', 'environment'])
+def test_identity_reads_the_users_config(tmp_path, monkeypatch, where):
+  repo = forget_identity(tmp_path, monkeypatch)
+  set_identity(tmp_path, monkeypatch, repo, where)
+  ada = Identity('Ada', 'ada@example.org')
+  assert git.identity(cwd=repo) == ada
+  assert git.identity('COMMITTER', cwd=repo) == ada
+
+
+def test_a_clones_own_identity_is_asked_where_it_is(tmp_path, monkeypatch):
+  repo = forget_identity(tmp_path, monkeypatch)
+  set_identity(tmp_path, monkeypatch, repo, 'local')
+  (tmp_path / 'global-gitconfig'
+   ).write_text('[user]\n\tname = Bob\n\temail = bob@example.org\n')
+  assert git.identity(cwd=repo) == Identity('Ada', 'ada@example.org')
+  assert git.identity(cwd=tmp_path) == Identity('Bob', 'bob@example.org')
 
 
 def test_an_unknown_identity_is_a_clear_error(tmp_path, monkeypatch):
-  for variable in ('GIT_AUTHOR_NAME', 'GIT_AUTHOR_EMAIL', 'EMAIL'):
-    monkeypatch.delenv(variable, raising=False)
-  monkeypatch.setenv('GIT_CONFIG_GLOBAL', str(tmp_path / 'none'))
-  monkeypatch.setenv('GIT_CONFIG_NOSYSTEM', '1')
-  # Never guess from the host name.
-  monkeypatch.setenv('GIT_CONFIG_COUNT', '1')
-  monkeypatch.setenv('GIT_CONFIG_KEY_0', 'user.useConfigOnly')
-  monkeypatch.setenv('GIT_CONFIG_VALUE_0', 'true')
-  with pytest.raises(Error, match='git does not know who you are'):
-    git.identity()
+  repo = forget_identity(tmp_path, monkeypatch)
+  with pytest.raises(Error,
+                     match=f'git does not know who you are in {repo}: set'):
+    git.identity(cwd=repo)
+
+
+def test_the_git_tests_pass_in_a_clone_with_its_own_identity(tmp_path):
+  # As a user who set user.name and user.email in their clone only
+  # (`git config` without --global): the tests above must not read it.
+  clone = make_repo(tmp_path / 'clone')
+  shutil.copytree(
+      PACKAGE,
+      clone / 'scripts' / 'beampq',
+      ignore=shutil.ignore_patterns('__pycache__'))
+  git.run('config', 'user.name', 'Clone User', cwd=clone)
+  git.run('config', 'user.email', 'clone@example.org', cwd=clone)
+  env = {
+      name: value
+      for name, value in os.environ.items()
+      if not name.startswith(('GIT_', 'PYTEST_'))
+  }
+  result = subprocess.run([
+      sys.executable,
+      '-m',
+      'pytest',
+      '-q',
+      '-p',
+      'no:cacheprovider',
+      '-k',
+      'not in_a_clone_with_its_own_identity',
+      'scripts/beampq/git_test.py',
+      'scripts/beampq/queue_test.py::test_the_projects_identity_commits',
+  ],
+                          cwd=clone,
+                          env=dict(
+                              env,
+                              PYTHONPATH=str(clone / 'scripts'),
+                              PYTHONDONTWRITEBYTECODE='1'),
+                          capture_output=True,
+                          text=True,
+                          check=False)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+  assert ' passed' in result.stdout and 'skipped' not in result.stdout
 
 
 def test_set_author_keeps_dates_messages_and_files(tmp_path):
@@ -82,7 +160,8 @@ def test_set_author_keeps_dates_messages_and_files(tmp_path):
   commit(repo, 'b', '3\n', 'two', GIT_AUTHOR_DATE=dated)
   files = git.output('rev-parse', 'HEAD^{tree}', cwd=repo)
   me = Identity('Me', 'me@example.org')
-  assert git.set_author(repo, base, me) == 2
+  committer = git.identity('COMMITTER', repo)
+  assert git.set_author(repo, base, me, committer) == 2
   log = git.output(
       'log', '--format=%an <%ae>|%aI|%cI|%B', f'{base}..HEAD',
       cwd=repo).split('\n')
@@ -95,7 +174,7 @@ def test_set_author_keeps_dates_messages_and_files(tmp_path):
   assert git.output('rev-parse', 'HEAD^{tree}', cwd=repo) == files
   assert git.dirty_paths(repo) == []
   head = git.output('rev-parse', 'HEAD', cwd=repo)
-  assert git.set_author(repo, base, me) == 0
+  assert git.set_author(repo, base, me, committer) == 0
   assert git.output('rev-parse', 'HEAD', cwd=repo) == head
 
 

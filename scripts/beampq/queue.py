@@ -176,7 +176,7 @@ def build(project: Project, dest: Path, quiet: bool = False) -> str:
   base = project.base
   tarball = sdist.fetch(project)
   series = project.read_series()
-  committer = git.identity('COMMITTER')
+  committer = git.identity('COMMITTER', project.root)
   say: Callable[..., None] = (lambda *a: None) if quiet else print
   dest.mkdir(parents=True)
   git.run('init', '-q', '-b', 'main', cwd=dest)
@@ -461,8 +461,9 @@ def refresh(project: Project):
     raise Error(
         f'{project.rel(tree)} has uncommitted changes '
         f'({dirty[0].strip()}, ...): commit them first')
-  author = git.identity('AUTHOR')
-  rewritten = git.set_author(tree, state.base_commit, author)
+  author = git.identity('AUTHOR', project.root)
+  rewritten = git.set_author(
+      tree, state.base_commit, author, git.identity('COMMITTER', project.root))
   if rewritten:
     print(f'beampq: {rewritten} commits now have the author {author}')
   previous = project.read_series()

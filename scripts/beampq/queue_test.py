@@ -26,6 +26,7 @@ from beampq import Error
 from beampq import git
 from beampq import queue
 from beampq import testing
+from beampq import upstream
 from beampq.project import Project
 from beampq.testing import UTIL
 from beampq.testing import commit_in_tree
@@ -72,6 +73,32 @@ def test_tree_commits_are_the_users_and_dated_as_what_they_hold(project):
   for author, committer, _, authored, committed in patches:
     assert (author, committer) == ('Test Author', 'Test Committer')
     assert committed == authored, 'committed when the patch is dated'
+
+
+def test_the_projects_identity_commits(project, tmp_path, monkeypatch):
+  # The user set their identity in their clone of the patch set only, and
+  # runs beampq from elsewhere: tree, refresh and export commit as them.
+  commit_in_tree(
+      project,
+      '[Python] Change line 9',
+      {'sdks/python/apache_beam/util.py': UTIL.replace('line 9\n', 'x\n')},
+      env={'GIT_AUTHOR_NAME': 'Someone Else'})
+  testing.forget_identity(monkeypatch, tmp_path)
+  git.run('init', '-q', cwd=project.root)
+  git.run('config', 'user.name', 'Ada', cwd=project.root)
+  git.run('config', 'user.email', 'ada@example.org', cwd=project.root)
+  monkeypatch.chdir(tmp_path)
+  queue.refresh(project)
+  assert tree_git(
+      project, 'log', '--format=%an <%ae>|%cn',
+      f'{queue.BASE_TAG}..').splitlines() == ['Ada <ada@example.org>|Ada'] * 3
+  queue.build(project, tmp_path / 'beam', quiet=True)
+  assert set(
+      git.output('log', '--format=%an|%cn',
+                 cwd=tmp_path / 'beam').splitlines()) == {'Ada|Ada'}
+  upstream.export(project, tmp_path / 'out')
+  for patch in (tmp_path / 'out').rglob('*.patch'):
+    assert 'From: Ada <ada@example.org>' in patch.read_text()
 
 
 def test_rebuilt_tree_equals_the_refreshed_one(project):

@@ -89,6 +89,22 @@ DESCRIPTIONS = {
 }
 
 
+def forget_identity(monkeypatch, folder: Path):
+  """Takes every identity away from git for a test: no GIT_AUTHOR_* or
+  GIT_COMMITTER_* variables, empty global and system configs (written in
+  folder), no guessing from the host name. A repository's own config still
+  counts."""
+  for variable in (*IDENTITY, 'EMAIL', 'GIT_CONFIG_NOSYSTEM'):
+    monkeypatch.delenv(variable, raising=False)
+  for scope in ('GLOBAL', 'SYSTEM'):
+    config = folder / f'{scope.lower()}-gitconfig'
+    config.write_text('')
+    monkeypatch.setenv(f'GIT_CONFIG_{scope}', str(config))
+  monkeypatch.setenv('GIT_CONFIG_COUNT', '1')
+  monkeypatch.setenv('GIT_CONFIG_KEY_0', 'user.useConfigOnly')
+  monkeypatch.setenv('GIT_CONFIG_VALUE_0', 'true')
+
+
 def make_sdist(files: dict[str, str], top: str = 'apache_beam-9.9.0') -> bytes:
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode='w:gz') as tar:

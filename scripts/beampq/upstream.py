@@ -195,7 +195,7 @@ def export(project: Project, dest: Path, names: Optional[list[str]] = None):
   wanted = [series.get(name) for name in names] if names else \
       series.pull_requests
   entries = changes.read(project.changes)
-  author = git.identity('AUTHOR')
+  author = git.identity('AUTHOR', project.root)
   dest.parent.mkdir(parents=True, exist_ok=True)
   scratch = Path(tempfile.mkdtemp(prefix='.export-', dir=dest.parent))
   try:
@@ -205,7 +205,8 @@ def export(project: Project, dest: Path, names: Optional[list[str]] = None):
       repo = scratch / 'beam'
       git.run('clone', '-q', str(built), str(repo), cwd=scratch)
     base_commit = git.output('rev-parse', queue.BASE_TAG, cwd=repo)
-    git.set_author(repo, base_commit, author)
+    git.set_author(
+        repo, base_commit, author, git.identity('COMMITTER', project.root))
     commits = git.commits_since(repo, base_commit)
     assert len(commits) == len(series.patches), 'one commit per patch'
     position = 0
