@@ -46,3 +46,13 @@ def project(tmp_path, index) -> Project:
   project = testing.make_project(tmp_path / 'repo')
   testing.make_queue(project)
   return project
+
+
+@pytest.fixture
+def follow_up(tmp_path, index) -> Project:
+  """A project whose later patches change a file that its first patch adds
+  (testing.make_follow_up_queue), and its tree."""
+  index.publish('apache_beam-9.9.0.tar.gz', testing.SDIST)
+  project = testing.make_project(tmp_path / 'repo')
+  testing.make_follow_up_queue(project)
+  return project

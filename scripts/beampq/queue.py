@@ -19,6 +19,14 @@
 refresh patches/ from that repository's commits, and check that the two
 agree. The reusable queue operations, like gbp's common/pq.py.
 
+Each commit carries exactly its own change. A file the queue adds is kept
+once, in sdks/, as it stands at the end of the series; the patch file of the
+commit that adds it holds the commit's message and its other diffs, not the
+file. A later patch that changes such a file holds that change as an
+ordinary diff, and the commit that adds the file holds it as it was added: a
+build reconstructs that content by undoing the later patches' diffs of the
+file from sdks/, newest first, exactly (`as_added`).
+
 One question has one answer here: whether build/beam is *current* (built
 from exactly what patches/ holds, with nothing changed since) is
 `tree_state`, and everything that needs to know asks it.
@@ -46,7 +54,7 @@ from beampq import series as series_model
 from beampq.project import Project
 
 # Bump when the way a tree is built changes, so existing trees are rebuilt.
-TREE_FORMAT = '2'
+TREE_FORMAT = '3'
 # The tag of the base commit in every tree: `git rebase -i base`.
 BASE_TAG = 'base'
 # Build outputs that must not make the tree look edited.
@@ -138,11 +146,14 @@ def tree_state(
       stamp, local_work, stamp.get('digest') == digest and not local_work)
 
 
-def _verify_applies_exactly(repo: Path, patch: Path, label: str):
-  """Fails unless the patch applies exactly: no fuzz, no offsets."""
+def _verify_applies_exactly(
+    repo: Path, patch: Path, label: str, options: tuple[str, ...] = ()):
+  """Fails unless the patch applies exactly (with git apply's options, such
+  as -R): no fuzz, no offsets."""
   if '\ndiff --git ' not in patch.read_text():
     return  # Only new files, which travel in sdks/: nothing to apply.
-  result = git.attempt('apply', '--check', '--verbose', str(patch), cwd=repo)
+  result = git.attempt(
+      'apply', '--check', '--verbose', *options, str(patch), cwd=repo)
   output = result.stdout + result.stderr
   if result.returncode != 0:
     failed = re.search(r'error: patch failed: (\S+):(\d+)', output)
@@ -164,10 +175,94 @@ def _verify_applies_exactly(repo: Path, patch: Path, label: str):
         f'line {moved.group(2)}')
 
 
+def _patched_paths(patch: Path) -> list[str]:
+  return re.findall(r'^diff --git a/(\S+) b/', patch.read_text(), re.M)
+
+
+def _changes_to_unadded(
+    series: series_model.Series, patch: series_model.Patch,
+    path: Path) -> list[str]:
+  """What is wrong with the diffs a patch makes to new files of the series:
+  only a patch after the one that adds a file may change it."""
+  problems = []
+  adders = {
+      new_file: earlier.name
+      for earlier in series.patches
+      for new_file in earlier.new_files
+  }
+  earlier_files = set()
+  for earlier in series.patches:
+    if earlier.name == patch.name:
+      break
+    earlier_files.update(earlier.new_files)
+  for changed in _patched_paths(path):
+    if changed in adders and changed not in earlier_files:
+      where = (
+          'it adds'
+          if adders[changed] == patch.name else f'{adders[changed]} adds later')
+      problems.append(
+          f'patches/{patch.name} changes {changed}, which {where}: a patch '
+          'holds no diff of a file it adds (the file lives in sdks/), and '
+          'only the patches after it may change it')
+  return problems
+
+
+def as_added(project: Project, series: series_model.Series) -> dict[str, bytes]:
+  """The content of every new file of the series as the patch that adds it
+  adds it: sdks/ holds the file as it stands at the end of the series, and
+  the diffs that later patches make to it are undone, newest first, each
+  exactly (no fuzz, no offsets)."""
+  adder: dict[str, str] = {}
+  changes_to_new: list[tuple[Path, list[str]]] = []
+  for patch in series.patches:
+    path = project.patches / patch.name
+    if not path.is_file():
+      raise Error(
+          f'{project.rel(project.series_file)} names patches/{patch.name}, '
+          'which does not exist')
+    problem = next(iter(_changes_to_unadded(series, patch, path)), None)
+    if problem:
+      raise Error(problem)
+    changes_to_new.append(
+        (path, [p for p in _patched_paths(path) if p in adder]))
+    for new_file in patch.new_files:
+      if not (project.root / new_file).is_file():
+        raise Error(
+            f'{project.rel(project.series_file)} lists {new_file} under '
+            f'{patch.name}, but {new_file} does not exist')
+      adder[new_file] = patch.name
+  content = {
+      new_file: (project.root / new_file).read_bytes()
+      for new_file in adder
+  }
+  if not any(changed for _, changed in changes_to_new):
+    return content
+  with tempfile.TemporaryDirectory() as scratch:
+    work = Path(scratch)
+    git.run('init', '-q', cwd=work)
+    for new_file in {p for _, changed in changes_to_new for p in changed}:
+      (work / new_file).parent.mkdir(parents=True, exist_ok=True)
+      (work / new_file).write_bytes(content[new_file])
+    for path, changed in reversed(changes_to_new):
+      if not changed:
+        continue
+      options = ('-R', *(f'--include={p}' for p in changed))
+      _verify_applies_exactly(
+          work,
+          path,
+          f'patches/{path.name}, undone from {", ".join(changed)} (sdks/ '
+          'holds each new file as the last patch that changes it leaves it),',
+          options)
+      git.run('apply', *options, str(path), cwd=work)
+    for new_file in {p for _, changed in changes_to_new for p in changed}:
+      content[new_file] = (work / new_file).read_bytes()
+  return content
+
+
 def build(project: Project, dest: Path, quiet: bool = False) -> str:
   """Imports the queue into a new git repository at dest (which must not
   exist): the base commit, tagged `base`, then one commit per patch with its
-  new files. Returns HEAD.
+  new files as that patch adds them (`as_added`). Returns HEAD.
 
   The commits are made by the user (git's identity) and dated as what they
   hold: the base at its release's date, each patch at its own date, so a
@@ -176,6 +271,7 @@ def build(project: Project, dest: Path, quiet: bool = False) -> str:
   base = project.base
   tarball = sdist.fetch(project)
   series = project.read_series()
+  new_content = as_added(project, series)
   committer = git.identity('COMMITTER', project.root)
   say: Callable[..., None] = (lambda *a: None) if quiet else print
   dest.mkdir(parents=True)
@@ -224,18 +320,13 @@ def build(project: Project, dest: Path, quiet: bool = False) -> str:
           f'{label} does not apply: git am failed: '
           f'{applied.stderr.strip().splitlines()[-1:]}')
     for new_file in patch.new_files:
-      source = project.root / new_file
-      if not source.is_file():
-        raise Error(
-            f'{project.rel(project.series_file)} lists {new_file} under '
-            f'{patch.name}, but {new_file} does not exist')
       target = dest / new_file
       if target.exists():
         raise Error(
             f'{new_file} is listed as a new file of {patch.name}, but '
             'the tree already has it')
       target.parent.mkdir(parents=True, exist_ok=True)
-      shutil.copyfile(source, target)
+      target.write_bytes(new_content[new_file])
       git.run('add', new_file, cwd=dest)
     if patch.new_files:
       authored = git.output('log', '-1', '--format=%aI', cwd=dest)
@@ -376,8 +467,10 @@ def write_patches(
     previous: series_model.Series,
     patches_dir: Path) -> series_model.Series:
   """Writes the commits base..HEAD of repo as out/patches/*.patch, their new
-  files under out/sdks/ and out/patches/series; each patch keeps the pull
-  request it had in previous (whose files are in patches_dir)."""
+  files under out/sdks/ (as HEAD has them) and out/patches/series; each patch
+  keeps the pull request it had in previous (whose files are in
+  patches_dir). A patch holds its diffs to upstream files and to files that
+  earlier commits add, not the files it adds itself."""
   if git.attempt('merge-base', '--is-ancestor', base_commit, 'HEAD',
                  cwd=repo).returncode != 0:
     raise Error(f'{repo} HEAD does not descend from the base')
@@ -409,15 +502,17 @@ def write_patches(
       if path in upstream:
         continue
       if path in owner:
-        raise Error(
-            f'{path} is added by "{owner[path]}" and changed again by '
-            f'"{subject}": fold the change into the commit that adds it '
-            f'(git rebase -i {BASE_TAG})')
+        if status != 'M':
+          raise Error(
+              f'"{subject}" deletes {path}, which "{owner[path]}" adds: '
+              'take it out of the commit that adds it instead '
+              f'(git rebase -i {BASE_TAG})')
+        continue
       if status != 'A' or not path.startswith('sdks/'):
         raise Error(f'"{subject}" adds {path}; new files must be under sdks/')
       owner[path] = subject
       added.append(path)
-    modified = [path for _, path in changed if path in upstream]
+    modified = [path for _, path in changed if path not in added]
     if not changed:
       raise Error(f'"{subject}" changes nothing; drop it')
     patch = _format_patch(
@@ -429,13 +524,12 @@ def write_patches(
       end = text.rindex('\n---\n', 0, text.index('\ndiff --git '))
       text = text[:end + 1]
       patch.write_text(text)
-    for path in added:
-      target = out / path
-      target.parent.mkdir(parents=True, exist_ok=True)
-      target.write_bytes(
-          git.binary_output('show', f'{commit}:{path}', cwd=repo))
     patches.append(series_model.Patch(patch.name, added))
     names.append(pull_request_of(subject, text))
+  for path in owner:
+    target = out / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(git.binary_output('show', f'HEAD:{path}', cwd=repo))
   series = series_model.group(patches, names)
   (out / 'patches' / 'series').write_text(series_model.to_text(series))
   return series
@@ -500,10 +594,6 @@ def refresh(project: Project):
 # Check: patches/, sdks/, the series, the descriptions and the tree agree.
 
 
-def _patched_paths(patch: Path) -> list[str]:
-  return re.findall(r'^diff --git a/(\S+) b/', patch.read_text(), re.M)
-
-
 def _problems(project: Project, series: series_model.Series) -> list[str]:
   problems = []
   listed_new = set(series.new_files)
@@ -512,11 +602,7 @@ def _problems(project: Project, series: series_model.Series) -> list[str]:
     if not path.is_file():
       problems.append(f'series names patches/{patch.name}, which is missing')
       continue
-    for changed in _patched_paths(path):
-      if changed in listed_new:
-        problems.append(
-            f'{patch.name} changes {changed}, a new file of the '
-            'series; new files live only in sdks/')
+    problems.extend(_changes_to_unadded(series, patch, path))
   for path in sorted(project.patches.glob('*.patch')):
     if path.name not in {p.name for p in series.patches}:
       problems.append(f'patches/{path.name} is not in the series')

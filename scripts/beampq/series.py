@@ -30,7 +30,9 @@ The file (``patches/series``) reads::
 A ``[name]`` line starts the patches of one pull request, described (title,
 then description) in ``patches/pull-requests/<name>.md``. Each patch line is
 a file in ``patches/``; the indented ``+ path`` lines under it name the new
-files its commit adds, kept at their upstream paths under ``sdks/``.
+files its commit adds, kept at their upstream paths under ``sdks/`` as they
+stand at the end of the series. A later patch may change such a file: its
+patch file holds that change as a diff.
 """
 
 import collections

@@ -242,6 +242,48 @@ def make_queue(project: Project):
   start_pull_request(project, 'feature', '0002-Python-Add-a-module.patch')
 
 
+MODULE = ''.join(f'module line {i}\n' for i in range(1, 21))
+MODULE_PATH = 'sdks/python/apache_beam/mod.py'
+
+
+def module_at(patch: int) -> str:
+  """mod.py of make_follow_up_queue as patch 1, 3 or 4 leaves it."""
+  text = MODULE
+  if patch >= 3:
+    text = text.replace('module line 3\n',
+                        'three\n').replace('module line 15\n', 'fifteen\n')
+  if patch >= 4:
+    text = text.replace('module line 4\n', 'four\n')
+  return text
+
+
+def make_follow_up_queue(project: Project):
+  """Gives a new project a queue whose later patches change a file that an
+  earlier one adds: `fix` adds mod.py (1, no other change) and changes
+  line 5 of util.py (2); `feature` changes mod.py and line 30 of util.py
+  (3), then mod.py next to its first change (4)."""
+  queue.update(project)
+  util = project.tree / 'sdks/python/apache_beam/util.py'
+  commit_in_tree(project, '[Python] Add mod', {MODULE_PATH: module_at(1)})
+  commit_in_tree(
+      project,
+      '[Python] Change line 5',
+      {'sdks/python/apache_beam/util.py': UTIL.replace('line 5\n', 'five\n')})
+  commit_in_tree(
+      project,
+      '[Python] Change mod and line 30',
+      {
+          MODULE_PATH: module_at(3),
+          'sdks/python/apache_beam/util.py': util.read_text().replace(
+              'line 30\n', 'thirty\n'),
+      })
+  commit_in_tree(
+      project, '[Python] Change mod again', {MODULE_PATH: module_at(4)})
+  queue.refresh(project)
+  start_pull_request(
+      project, 'feature', '0003-Python-Change-mod-and-line-30.patch')
+
+
 def tree_id(repo: Path) -> str:
   return git.output('rev-parse', 'HEAD^{tree}', cwd=repo)
 

@@ -18,9 +18,12 @@
 """The queue outside this repository: applied to a Beam checkout, or
 exported as one folder per upstream pull request.
 
-Both write patches with `git format-patch -k`: the subjects are the commits'
-own, `[Python]` tag included, and `git am -k` keeps them so (plain `git am`
-would strip the tag).
+Both write patches with `git format-patch -k` from a tree built by `queue`:
+the subjects are the commits' own, `[Python]` tag included, and `git am -k`
+keeps them so (plain `git am` would strip the tag). Each patch is its
+commit's own change: a commit that adds a file adds it as it was added, and
+a later commit's change to that file is an ordinary diff, so the patches
+apply in order.
 """
 
 import re

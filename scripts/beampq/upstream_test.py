@@ -28,8 +28,10 @@ from beampq import queue
 from beampq import testing
 from beampq import upstream
 from beampq.project import Project
+from beampq.testing import MODULE_PATH
 from beampq.testing import UTIL
 from beampq.testing import make_checkout
+from beampq.testing import module_at
 from beampq.testing import tree_id
 
 SECOND = '0002-Python-Add-a-module.patch'
@@ -180,6 +182,42 @@ def test_export_one_pull_request(project, tmp_path):
 
 # --------------------------------------------------------------------------
 # The real queue of this repository against the real pinned base.
+
+
+def test_a_later_change_to_a_new_file_applies_and_exports(follow_up, tmp_path):
+  project = follow_up
+  applied = make_checkout(project, tmp_path / 'applied')
+  upstream.apply(project, applied)
+  assert tree_id(applied) == tree_id(project.tree)
+  dest = tmp_path / 'out'
+  upstream.export(project, dest)
+  adds, changes_line_5 = sorted((dest / 'fix' / 'series').glob('*.patch'))
+  changes = sorted((dest / 'feature' / 'series').glob('*.patch'))
+  assert f'+++ b/{MODULE_PATH}\n@@ -0,0 +1,20 @@\n' in adds.read_text()
+  assert 'module line' not in changes_line_5.read_text()
+  assert '-module line 3\n+three\n' in changes[0].read_text()
+  assert [p.name for p in changes] == [
+      '0001-Python-Change-mod-and-line-30.patch',
+      '0002-Python-Change-mod-again.patch',
+  ]
+  checkout = make_checkout(project, tmp_path / 'beam')
+  git.run(
+      'am',
+      '-q',
+      '-3',
+      '-k',
+      str(adds),
+      str(changes_line_5),
+      *map(str, changes),
+      cwd=checkout,
+      isolated=False)
+  assert tree_id(checkout) == tree_id(project.tree)
+  assert git.output(
+      'show', f'HEAD~3:{MODULE_PATH}', cwd=checkout) + '\n' == module_at(1)
+  squashed = make_checkout(project, tmp_path / 'squashed')
+  am(squashed, dest / 'fix' / 'squashed.patch')
+  am(squashed, dest / 'feature' / 'squashed.patch')
+  assert tree_id(squashed) == tree_id(project.tree)
 
 
 @pytest.fixture(scope='module')
