@@ -36,7 +36,7 @@ from typing import Any
 from typing import Optional
 from typing import Union
 
-from apache_beam.transforms.util import _validate_num_shards
+from apache_beam.transforms.util import WithBatchKey
 
 __all__ = [
     'DEFAULT_PREFIX_CHAR_LEN',
@@ -51,6 +51,10 @@ __all__ = [
 DEFAULT_PREFIX_CHAR_LEN = 256
 
 _ShardSpec = Union[int, Mapping[Any, int], Callable[[Any], int]]
+
+
+def _identity(element):
+  return element
 
 
 def _check_prefix_char_len(prefix_char_len):
@@ -258,7 +262,8 @@ class PrefixBatchingConfig:
   key_fn: Optional[Callable[[Any], Any]] = None
 
   def __post_init__(self):
-    _validate_num_shards(self.num_shards)
+    # WithBatchKey checks num_shards as BatchElements does.
+    WithBatchKey(_identity, self.num_shards)
     if self.prefix_char_len is not None:
       _check_prefix_char_len(self.prefix_char_len)
     if self.prefix_delimiters is not None:
