@@ -27,6 +27,8 @@ import only the standard library, so that their tests run without Beam:
 * streaming: phase A, every strategy on every workload, seed and sweep point.
 * validate: the real transforms on the streaming DirectRunner against fleet.
 * engine: the fleet replayed against a real vLLM server.
-* overhead: the runner cost of keyed batching and of the key functions.
+* overhead: the runner cost of keyed batching, over pristine 2.77.0's
+  stateful path, and that of the key functions; overhead_worker times the
+  runs on one tree.
 * report: report.md and the plots, from results.json alone.
 """

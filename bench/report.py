@@ -24,6 +24,7 @@ a constant that could drift from the code.
 """
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -305,14 +306,20 @@ def _engine(results):
   return lines + ['', '![engine](engine.png)', '']
 
 
-def _per_repetition(ratio, times):
-  """A ratio 'a_over_b' of two variants, repetition by repetition: how much
-  the machine's noise moves it. Empty for any other figure."""
-  numerator, _, denominator = ratio.partition('_over_')
-  if numerator not in times or denominator not in times:
-    return ''
-  return ', '.join(
-      f'{a / b:.2f}' for a, b in zip(times[numerator], times[denominator]))
+def _describe_run(run, default_num_shards) -> str:
+  batch = run['batch']
+  if run.get('keyed'):
+    shards = batch.get('num_shards', 1)
+    if shards == 'default':
+      shards = f'the default {default_num_shards}'
+    how = f'keyed, {run["keys"]} prefixes x {shards} shards'
+  else:
+    how = f'unkeyed stateful, {run["keys"]} prefixes'
+  return (f'{how}, batches {batch["min_batch_size"]}-{batch["max_batch_size"]}')
+
+
+def _optional(value, spec) -> str:
+  return 'n/a' if value is None else format(value, spec)
 
 
 def _overhead(results):
@@ -322,28 +329,63 @@ def _overhead(results):
   lines = [
       '## C. Overhead',
       '',
-      f'{runs["elements"]} elements through BatchElements on the FnApiRunner, '
-      f'{runs["keys"]} keys, {runs["repetitions"]} alternating repetitions; '
-      'keyed_512 uses 8 shards per key, keyed_64 one.',
+      'BatchElements on the FnApiRunner, in two worker processes that take '
+      'the runs of each repetition in turn: one imports pristine 2.77.0 '
+      '(`build/base`), one the patched tree. Every ratio is over a run on '
+      '2.77.0 in the same repetition (`stateful`: its stateful path, one '
+      'shared key), taken repetition by repetition; '
+      f'{runs["repetitions"]} repetitions, the order of the runs rotating '
+      'from one to the next. Default num_shards: '
+      f'`{runs["default_num_shards"]}`.',
       '',
   ]
-  rows = [[
-      name,
-      f'{median:.2f}',
-      ', '.join(f'{t:.2f}' for t in runs['times_s'][name]),
-      ', '.join(f'{x:.1f}' for x in runs['weighings_per_state_key'][name])
-  ] for name, median in runs['medians_s'].items()]
+  rows = []
+  for name, run in runs['runs'].items():
+    measured = run['measured']
+    rows.append([
+        name,
+        run['tree'],
+        _describe_run(run, runs['default_num_shards']),
+        str(run['elements']),
+        f'{run["median_s"]:.2f}',
+        f'{min(m["seconds"] for m in measured):.2f}-'
+        f'{max(m["seconds"] for m in measured):.2f}',
+        f'{statistics.median(m["mean_batch"] for m in measured):.2f}',
+        _optional(run['state_keys'], 'd'),
+        _optional(
+            run['state_keys'] and
+            statistics.median(m['weighings_per_state_key'] for m in measured),
+            '.1f'),
+    ])
   lines += _table([
-      'variant',
+      'run',
+      'tree',
+      'what',
+      'elements',
       'median (s)',
-      'runs (s)',
+      'min-max (s)',
+      'mean batch',
+      'state keys',
       'state-cache weighings per state key'
   ],
                   rows)
+  ratio_rows = []
+  for name, ratio in runs['ratios'].items():
+    ratio_rows.append([
+        name,
+        f'{over[name]:.2f}',
+        f'{ratio["p10"]:.2f}-{ratio["p90"]:.2f}',
+        f'{ratio["min"]:.2f}-{ratio["max"]:.2f}',
+        ', '.join(f'{r:.2f}' for r in ratio['per_repetition']),
+    ])
   lines += [''] + _table(
-      ['ratio', 'value', 'per repetition'],
-      [[name, f'{value:.2f}', _per_repetition(name, runs['times_s'])]
-       for name, value in over.items()])
+      ['ratio', 'median', '10th-90th percentile', 'min-max', 'per repetition'],
+      ratio_rows)
+  lines += [
+      '',
+      'State-cache weighings per state key at 512 state keys (median): '
+      f'{over["state_cache_weighings_per_key"]:.1f}.',
+  ]
   cost = results['key_cost_runs']['per_call_us']
   lines += ['', '## D. Key cost', ''] + _table(
       ['key function', 'median per call (us)'], [[k, f'{v:.2f}']

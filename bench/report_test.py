@@ -19,6 +19,8 @@
 
 import json
 
+from bench import overhead
+from bench import overhead_test
 from bench import report
 from bench import streaming
 from bench.workloads_test import SMALL
@@ -79,8 +81,44 @@ def test_write_puts_results_and_report_side_by_side(tmp_path):
   assert (tmp_path / 'report.md').read_text() == report.render(written)
 
 
-def test_overhead_ratios_are_shown_repetition_by_repetition():
-  times = {'keyed_512': [12.0, 11.0], 'stateful': [10.0, 11.0]}
-  ratios = report._per_repetition('keyed_512_over_stateful', times)
-  assert ratios == '1.20, 1.00'
-  assert report._per_repetition('state_cache_weighings_per_key', times) == ''
+def overhead_results():
+  plan = overhead.runs(quick=True)
+  figures, runs = overhead.figures(
+      plan, overhead_test.fake_measurements(plan, 3), 3, 8)
+  return {
+      'overhead': figures,
+      'overhead_runs': runs,
+      'key_cost': {
+          'prompt_8mb_over_1kb': 1.01
+      },
+      'key_cost_runs': {
+          'per_call_us': {
+              'prompt_1kb': 0.6, 'prompt_8mb': 0.61, 'chat': 0.9
+          }
+      },
+  }
+
+
+def test_overhead_section_shows_every_ratio_with_its_interval():
+  results = json.loads(json.dumps(overhead_results()))
+  text = '\n'.join(report._overhead(results))  # pylint: disable=protected-access
+  assert 'pristine 2.77.0 (`build/base`)' in text
+  assert '3 repetitions' in text
+  for name, ratio in results['overhead_runs']['ratios'].items():
+    row = next(
+        line for line in text.splitlines() if line.startswith(f'| {name} |'))
+    assert f'| {results["overhead"][name]:.2f} |' in row
+    assert f'| {ratio["p10"]:.2f}-{ratio["p90"]:.2f} |' in row
+    assert f'| {ratio["min"]:.2f}-{ratio["max"]:.2f} |' in row
+    assert ', '.join(f'{r:.2f}' for r in ratio['per_repetition']) in row
+  assert '| keyed_10000_mean_batch_over_64 | 0.25 |' in text
+  default = next(
+      line for line in text.splitlines() if line.startswith('| default |'))
+  assert 'x the default 8 shards' in default and '| 512 |' in default
+  assert '## D. Key cost' in text and '1.01' in text
+
+
+def test_report_renders_with_the_overhead_section():
+  results = json.loads(json.dumps({**small_results(), **overhead_results()}))
+  results['meta']['skipped'] = ['validate', 'engine']
+  assert '## C. Overhead' in report.render(results)

@@ -38,6 +38,9 @@ and the gates, on build/beam as it is (uncommitted work included):
   pylint      pylint with Beam's legacy .pylintrc settings (ratchet)
   mypy        mypy with Beam's legacy mypy.ini settings (ratchet)
   format      yapf and ruff's import sorting in place, in the tree
+  differential
+              unkeyed BatchElements pipelines on the base and on the
+              patched tree, their outputs compared
 
 Errors are one line on stderr and a non-zero exit; no action leaves a tree
 that a later run would trust when it fails half way.
@@ -52,6 +55,7 @@ from beampq import Error
 from beampq import queue
 from beampq import sdist
 from beampq import upstream
+from beampq.gates import differential as differential_gate
 from beampq.gates import lint
 from beampq.gates import suite
 from beampq.gates.workspace import Workspace
@@ -117,6 +121,10 @@ def format_(project: Project, args: argparse.Namespace) -> int:
   return lint.format_files(Workspace.open(project))
 
 
+def differential(project: Project, args: argparse.Namespace) -> int:
+  return differential_gate.run(Workspace.open(project), args.select)
+
+
 def parser() -> argparse.ArgumentParser:
   assert __doc__ is not None
   root = argparse.ArgumentParser(
@@ -163,6 +171,15 @@ def parser() -> argparse.ArgumentParser:
   for name, function in (('lint', lint_), ('pylint', pylint), ('mypy', mypy),
                          ('format', format_)):
     action(name, function, f'{name} on the files the queue touches')
+  action(
+      'differential',
+      differential,
+      'unkeyed BatchElements: the base and the patched tree compared'
+  ).add_argument(
+      '-k',
+      dest='select',
+      metavar='TEXT',
+      help='only the cases whose name (config/runner) contains TEXT')
   return root
 
 

@@ -43,6 +43,7 @@ def test_every_action_has_a_function():
   assert sorted(actions) == [
       'apply',
       'check',
+      'differential',
       'export',
       'fetch',
       'format',
