@@ -114,13 +114,13 @@ class AutoscalingConfig:
       saturated any more (lulls, idle periods, a restarted server); after
       that the publisher goes back to the prior. At least window_secs.
     target_utilization: in (0, 1]. The published value is the capacity times
-      this: below 1 it leaves that share of every server as headroom, so
-      the pool grows before its servers saturate.
+      this: 0.8 leaves a fifth of every server as headroom, so that the pool
+      grows before its servers saturate. 1 (the default) leaves none.
     max_running_requests: optional. The most requests the server runs at
       once (vLLM's ``max_num_seqs``), for the prior: the value published
-      before the first saturated interval is this divided by the mean size
-      of the batches sent so far. Without it, nothing is published before
-      the first saturated interval.
+      before the first saturated interval is this (or less, when the cache
+      would be full first) divided by the mean size of the batches sent so
+      far.
     batch_size: optional. The batch size the prior assumes before the first
       batch is sent. Without it, nothing is published before the first
       batch.
@@ -199,8 +199,7 @@ class _Scrape(NamedTuple):
   batches: int
 
 
-def _read_samples(text: str, prefixes: tuple[str,
-                                             ...]) -> dict[str, list[float]]:
+def _read_samples(text: str, prefixes: tuple) -> dict[str, list[float]]:
   """The values of the samples of Prometheus text whose lines start with one
   of prefixes, by sample name. Labels are not read: every metric is summed
   (or maxed) over all its series. Raises ValueError on such a line that is
@@ -237,7 +236,9 @@ class PrometheusNumLoadedModelsPublisher:
   requests wait at both ends of the interval between two scrapes, or its
   cache usage is at least ``config.saturated_cache_usage`` at both ends, or
   it preempted requests in between. Below saturation the running count is
-  just the load, so such intervals are not measured. In a saturated
+  just the load, so such intervals are not measured. With
+  ``metric_names.finished``, neither are those before the server finished
+  its first request, whose requests are all young. In a saturated
   interval the server serves ``running`` of the ``running + waiting``
   requests it holds, which belong to the ``batches`` batches that the
   client has in flight (``batch_started`` less ``batch_finished``), so it
@@ -250,10 +251,13 @@ class PrometheusNumLoadedModelsPublisher:
   Once no interval is saturated (the load fell, the server idles or
   restarted), the last capacity is held for ``config.hold_secs``; after that,
   and before the first saturated interval, the publisher publishes its prior:
-  ``config.max_running_requests`` divided by the mean size of the batches
-  sent so far (``config.batch_size``, or 1, before the first). Without a
-  prior it publishes nothing until it has measured. The published value is
-  the capacity times ``config.target_utilization``, rounded, and at least 1.
+  ``config.max_running_requests``, capped by the running count at which the
+  cache would be full (the median over the window of running / cache
+  usage), divided by the mean size of the batches sent so far
+  (``config.batch_size`` before the first). Without either, it publishes
+  nothing until it has measured: never 1 for "unknown". The published value
+  is the capacity times ``config.target_utilization``, rounded, and at
+  least 1.
 
   A scrape that fails (unreachable server, an HTTP error, a page larger than
   2 MiB, text that does not parse, a metric that is missing, not finite or
@@ -589,16 +593,15 @@ class PrometheusNumLoadedModelsPublisher:
     cache_usage = preemptions = None
     if names.cache_usage:
       usage = values.get(names.cache_usage)
-      cache_usage = max(usage) if _total(usage) is not None else None
+      cache_usage = max(usage) if usage and _total(usage) is not None else None
     if names.preemptions:
       preemptions = _total(values.get(names.preemptions))
-    bad = [
-        name
-        for name, value in ((names.running, running), (names.waiting, waiting))
-        if value is None
-    ]
     last, self._last = self._last, None
-    if bad:
+    if running is None or waiting is None:
+      bad = [
+          name for name, value in ((names.running, running),
+                                   (names.waiting, waiting)) if value is None
+      ]
       return f'no finite, non-negative {" or ".join(bad)}'
     with self._lock:
       batches = self._batches_in_flight
