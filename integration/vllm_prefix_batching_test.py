@@ -25,19 +25,20 @@ random-weight Llama made locally. The test checks that every prompt got a
 completion, that every batch the handler sent held one prompt prefix, and
 that the server's prefix cache was hit (vllm:prefix_cache_hits_total grew).
 
-It then checks the autoscaling signal the handler publishes from the same
-server: the prefix-cache counters it republishes as Beam counters match the
-server's own, and the capacity it publishes as num_loaded_models_<tag>
-stays between 1 and the batches in flight, first while the pipeline sends
-one batch at a time, then under several concurrent batches.
+It then checks that the prefix-cache counters the handler republishes as
+Beam counters match the server's own, and drives a second server, started
+by the handler with max_num_seqs 8, past saturation: threads that send
+batches of 2 through the handler keep more batches in flight than the 4 it
+can run, and the capacity it publishes as num_loaded_models_<tag> must be
+within 25% of 8 / 2 = 4 under that load, and still after the load drops to
+one thread.
 """
 
-import concurrent.futures
 import json
-import math
 import os
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import uuid
@@ -51,9 +52,8 @@ from apache_beam.ml.inference.base import PredictionResult
 from apache_beam.ml.inference.base import RunInference
 from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
 from apache_beam.ml.inference.prefix_batching import PromptPrefixKeyFn
-from apache_beam.ml.inference.vllm_inference import PREFIX_CACHE_COUNTERS
 from apache_beam.ml.inference.vllm_inference import VLLMCompletionsModelHandler
-from apache_beam.ml.inference.vllm_inference import getVLLMClient
+from apache_beam.ml.inference.vllm_inference import _vllm_default_max_num_seqs
 from apache_beam.testing.test_pipeline import TestPipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -61,6 +61,10 @@ from integration import engines  # pylint: disable=wrong-import-position
 
 HITS = 'vllm:prefix_cache_hits_total'
 QUERIES = 'vllm:prefix_cache_queries_total'
+# The Beam counters that republish them, as the handlers document.
+PREFIX_CACHE_COUNTERS = {
+    HITS: 'prefix_cache_hit_tokens', QUERIES: 'prefix_cache_query_tokens'
+}
 TEMPLATES = (
     'You are a careful translator. Translate the message below into French. '
     'Keep names, numbers and code as they are, and keep the tone polite and '
@@ -74,10 +78,17 @@ TEMPLATES = (
 )
 REQUESTS = 24
 BATCH_SIZE = 4
-# The load phase: CONCURRENT_BATCHES batches of BATCH_SIZE requests in flight
-# at once, ROUNDS times.
-CONCURRENT_BATCHES = 4
-ROUNDS = 12
+# The saturation phase: a server that runs MAX_NUM_SEQS requests at once,
+# and SATURATING_THREADS threads that each send batches of SMALL_BATCH
+# requests of OUTPUT_TOKENS tokens, one after another: twice the batches
+# the server can run.
+MAX_NUM_SEQS = 8
+SMALL_BATCH = 2
+CAPACITY = MAX_NUM_SEQS // SMALL_BATCH
+SATURATING_THREADS = 2 * CAPACITY
+OUTPUT_TOKENS = 48
+LOAD_SECS = 40
+DROPPED_SECS = 20
 RESULTS = engines.ROOT / 'build' / 'integration' / 'vllm.json'
 
 
@@ -124,7 +135,8 @@ class VLLMPrefixBatchingTest(unittest.TestCase):
   def test_prefix_batching_and_autoscaling_signal(self):
     self._run_pipeline()
     self._check_prefix_batches()
-    self._check_autoscaling_signal()
+    self._check_prefix_cache_counters()
+    self._check_capacity_past_saturation()
 
   def _run_pipeline(self):
     model = engines.tiny_llama_hf()
@@ -208,70 +220,104 @@ class VLLMPrefixBatchingTest(unittest.TestCase):
         self.fail(f'Beam counters {published} never matched {server}.')
       time.sleep(0.1)
 
-  def _send_concurrent_batches(self):
-    """Keeps CONCURRENT_BATCHES batches in flight, as that many workers'
-    RunInference calls would."""
-    client = getVLLMClient(self.port)
-
-    def complete(i):
-      return client.completions.create(
-          model=str(engines.tiny_llama_hf()),
-          prompt=self.prompts[i % len(self.prompts)],
-          max_tokens=4,
-          temperature=0)
-
-    in_flight = CONCURRENT_BATCHES * BATCH_SIZE
-    with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
-      for round_ in range(ROUNDS):
-        list(pool.map(complete, range(round_, round_ + in_flight)))
-
-  def _check_autoscaling_signal(self):
-    """The republished counters match the server's, and the published
-    capacity stays between 1 and the batches in flight."""
-    # The estimate counts batches of the mean size the pipeline sent.
-    batches = {tuple(inference['batch']) for _, inference in self.results}
-    mean_batch = len(self.results) / len(batches)
-
-    def at_most(requests):
-      return max(1, math.floor(requests / mean_batch + 0.5))
-
-    _, published = self._wait_for_counters()
-    after_pipeline = _num_loaded_models(self.tag)
-    self._send_concurrent_batches()
-    _, published_after_load = self._wait_for_counters()
-    # Some more polls, so that the last busy intervals reach the estimate.
-    polls = _num_loaded_models(self.tag).count + 5
-    while _num_loaded_models(self.tag).count < polls:
-      time.sleep(0.05)
-    after_load = _num_loaded_models(self.tag)
-    hits, queries = (published_after_load[name] for name in (HITS, QUERIES))
+  def _check_prefix_cache_counters(self):
+    """The counters the handler republishes match the server's."""
+    server, published = self._wait_for_counters()
     self._report(
         published_prefix_cache_counters=published,
-        published_prefix_cache_counters_after_load=published_after_load,
-        published_hit_rate_after_load=hits / queries,
-        mean_batch_size=mean_batch,
-        capacity_while_pipeline_ran={
-            'min': after_pipeline.min,
-            'max': after_pipeline.max,
-            'mean': after_pipeline.sum / after_pipeline.count,
-            'polls': after_pipeline.count,
-        },
-        capacity_under_concurrent_batches={
-            'batches_in_flight': CONCURRENT_BATCHES,
-            'max': after_load.max,
-            'polls': after_load.count,
-        })
+        server_prefix_cache_counters=server,
+        published_hit_rate=published[HITS] / published[QUERIES])
     self.assertGreater(published[HITS], 0)
-    self.assertGreater(published_after_load[QUERIES], published[QUERIES])
-    # The pipeline sent one batch at a time; the load phase kept
-    # CONCURRENT_BATCHES in flight. The estimate is never below one batch
-    # and never above the requests in flight, in batches.
-    self.assertGreater(after_pipeline.count, 0)
-    self.assertGreaterEqual(after_pipeline.min, 1)
-    self.assertLessEqual(after_pipeline.max, at_most(BATCH_SIZE))
-    self.assertGreaterEqual(after_load.min, 1)
-    self.assertLessEqual(
-        after_load.max, at_most(CONCURRENT_BATCHES * BATCH_SIZE))
+
+  def _check_capacity_past_saturation(self):
+    """More batches in flight than the server can run: the published
+    capacity is the batches it runs, and it holds when the load drops."""
+    model = engines.tiny_llama_hf()
+    tag = f'vllm-saturation-{uuid.uuid4().hex}'
+    handler = VLLMCompletionsModelHandler(
+        str(model),
+        vllm_server_kwargs={
+            **engines.VLLM_CPU_SERVER_KWARGS,
+            'max-num-seqs': str(MAX_NUM_SEQS),
+        },
+        max_batch_size=SMALL_BATCH,
+        autoscaling_config=AutoscalingConfig(
+            poll_interval_secs=0.5, window_secs=15))
+    handler.set_model_identifier(tag)
+    server = handler.load_model()
+    self.addCleanup(server._stop_processes)
+    inference_args = {
+        'max_tokens': OUTPUT_TOKENS,
+        'temperature': 0,
+        'extra_body': {
+            'ignore_eos': True
+        },
+    }
+    active = [SATURATING_THREADS]
+    sent = [0] * SATURATING_THREADS
+    values = []
+
+    def send(index):
+      while index < active[0]:
+        batch = [
+            self.prompts[(index + i) % len(self.prompts)]
+            for i in range(SMALL_BATCH)
+        ]
+        handler.run_inference(batch, server, inference_args)
+        sent[index] += 1
+
+    threads = [
+        threading.Thread(target=send, args=(i, ), daemon=True)
+        for i in range(SATURATING_THREADS)
+    ]
+    start = time.monotonic()
+    for thread in threads:
+      thread.start()
+    # Samples what the publisher publishes, as a runner would read it.
+    while time.monotonic() < start + LOAD_SECS + DROPPED_SECS:
+      if time.monotonic() > start + LOAD_SECS:
+        active[0] = 1
+      if server._publisher is not None and server._publisher.value:
+        values.append((time.monotonic() - start, server._publisher.value))
+      time.sleep(0.5)
+    active[0] = 0
+    for thread in threads:
+      thread.join(timeout=120)
+    # The second half of the load, and after it dropped to one thread.
+    under_load = [v for t, v in values if LOAD_SECS / 2 <= t < LOAD_SECS]
+    after_drop = [v for t, v in values if t >= LOAD_SECS]
+    distribution = _num_loaded_models(tag)
+    # What it measured while saturated, not its prior (also 8 / 2).
+    measured = server._publisher._capacity
+    self._report(
+        saturation={
+            'max_num_seqs': MAX_NUM_SEQS,
+            'batch_size': SMALL_BATCH,
+            'capacity': CAPACITY,
+            'threads': SATURATING_THREADS,
+            'batches_sent': sum(sent),
+            'measured_capacity': measured,
+            'vllm_default_max_num_seqs': _vllm_default_max_num_seqs(1),
+            'published_under_load': {
+                'min': min(under_load), 'max': max(under_load)
+            },
+            'published_after_drop': {
+                'min': min(after_drop), 'max': max(after_drop)
+            },
+            'distribution': {
+                'min': distribution.min,
+                'max': distribution.max,
+                'mean': distribution.sum / distribution.count,
+                'count': distribution.count,
+            },
+        })
+    self.assertGreater(sum(sent), 2 * SATURATING_THREADS)
+    self.assertIsNotNone(measured)
+    self.assertGreaterEqual(measured, 0.75 * CAPACITY)
+    self.assertLessEqual(measured, 1.25 * CAPACITY)
+    for value in under_load + after_drop:
+      self.assertGreaterEqual(value, 0.75 * CAPACITY)
+      self.assertLessEqual(value, 1.25 * CAPACITY)
 
 
 if __name__ == '__main__':

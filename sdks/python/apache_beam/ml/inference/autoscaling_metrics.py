@@ -19,257 +19,292 @@
 
 RunInference's model manager publishes ``num_loaded_models_<tag>``, a
 process-wide Beam distribution in the namespace ``BeamML_ModelManager``, and
-runners that autoscale on it (Dataflow's GPU autoscaling) read it as the
-number of batches a worker can serve at once. A worker that sends its batches
-to an inference server, such as vLLM, always has one model loaded, but the
-server serves many batches at once. ``PrometheusNumLoadedModelsPublisher``
-estimates that number from the server's own Prometheus metrics and publishes
-it under the same name.
+runners that autoscale on it (Dataflow's GPU autoscaling) read it as a
+worker's capacity: roughly, desired workers = work keys / reported value. A
+worker that sends its batches to an inference server, such as vLLM, always
+has one model loaded, but the server serves many batches at once.
+``PrometheusNumLoadedModelsPublisher`` publishes, under the same name, how
+many batches the server can serve at once, measured from the server's own
+Prometheus metrics while it is saturated.
 """
 
 import collections
+import dataclasses
+import http.client
 import logging
 import math
-import re
+import socket
+import statistics
 import sys
 import threading
 import time
-import urllib.request
+import urllib.parse
 import weakref
+from collections.abc import Callable
 from collections.abc import Mapping
-from collections.abc import Sequence
 from typing import Any
+from typing import NamedTuple
 from typing import Optional
 
 from apache_beam.metrics.metric import Metrics
 from apache_beam.metrics.metricbase import MetricName
 
-try:
-  from prometheus_client.parser import text_string_to_metric_families
-except ImportError:
-  text_string_to_metric_families = None
-
 __all__ = [
     'AutoscalingConfig',
+    'NUM_LOADED_MODELS_NAMESPACE',
     'PrometheusNumLoadedModelsPublisher',
+    'ServerMetricNames',
+    'num_loaded_models_name',
 ]
 
 _LOGGER = logging.getLogger(__name__)
 
-# The distribution RunInference's model manager publishes; see
-# apache_beam.ml.inference.model_manager.
+# The namespace of the distribution RunInference's model manager publishes
+# (see apache_beam.ml.inference.model_manager, which imports torch).
 NUM_LOADED_MODELS_NAMESPACE = 'BeamML_ModelManager'
-NUM_LOADED_MODELS_PREFIX = 'num_loaded_models_'
-
-# Upper bound on one scrape, so that stop() never waits long.
-_MAX_SCRAPE_TIMEOUT_SECS = 5.0
 
 
-def _check_positive_number(name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    raise TypeError(f'{name} must be a number, got {value!r}.')
+def num_loaded_models_name(tag: str) -> str:
+  """The name of the distribution that reports the capacity for ``tag``."""
+  return f'num_loaded_models_{tag}'
+
+
+# A scrape reads at most this much of a page: a vLLM server's page is
+# 60-150 KB, and a bigger one is read no further, so that a poll stays cheap.
+_MAX_PAGE_BYTES = 2 << 20
+# The longest a socket operation of a scrape may block.
+_MAX_SOCKET_TIMEOUT_SECS = 2.0
+# How long stop() lets the thread finish its last scrape before it cuts the
+# connection, and then how long it waits for the thread to end.
+_STOP_GRACE_SECS = 0.25
+_STOP_JOIN_SECS = 1.0
+
+
+def _check_positive(name: str, value: Any, integer: bool = False) -> None:
+  kinds = (int, ) if integer else (int, float)
+  if isinstance(value, bool) or not isinstance(value, kinds):
+    kind = 'an int' if integer else 'a number'
+    raise TypeError(f'{name} must be {kind}, got {value!r}.')
   if not math.isfinite(value) or value <= 0:
     raise ValueError(f'{name} must be positive and finite, got {value!r}.')
 
 
-def _check_non_empty_str(name: str, value: Any) -> None:
+def _check_fraction(name: str, value: Any) -> None:
+  _check_positive(name, value)
+  if value > 1:
+    raise ValueError(f'{name} must be in (0, 1], got {value!r}.')
+
+
+def _check_name(name: str, value: Any) -> None:
   if not isinstance(value, str):
     raise TypeError(f'{name} must be a str, got {value!r}.')
   if not value:
     raise ValueError(f'{name} must not be empty.')
 
 
+@dataclasses.dataclass(frozen=True)
 class AutoscalingConfig:
-  """How PrometheusNumLoadedModelsPublisher polls and aggregates.
+  """How PrometheusNumLoadedModelsPublisher measures and publishes.
 
   Args:
     poll_interval_secs: seconds between two scrapes of the server's metrics.
-    window_secs: the estimate uses the busy periods of the last window_secs
-      only, so it follows the load down as well as up; at least
-      poll_interval_secs.
-    percentile: in (0, 100]. The estimate takes the window's throughput at
-      this percentile and its latency at the same rank from the other end:
-      100 takes the max throughput and the min latency, the default 90
-      leaves out the most extreme tenth of the intervals at each end (such
-      as an interval whose running gauge was read between two batches).
-    completions_metric: the counter of finished requests, as scraped.
-    completion_reasons: the values of its ``finished_reason`` label that count
-      as completions; other reasons (an abort) do not.
-    running_metric: the gauge of requests the server is running.
-
-  The metric names default to vLLM's.
+    window_secs: the capacity is the median of the saturated intervals of the
+      last window_secs; at least poll_interval_secs.
+    hold_secs: how long a measured capacity is kept once no interval is
+      saturated any more (lulls, idle periods, a restarted server); after
+      that the publisher goes back to the prior. At least window_secs.
+    target_utilization: in (0, 1]. The published value is the capacity times
+      this: 0.8 leaves a fifth of every server as headroom, so that the pool
+      grows before its servers saturate. 1 (the default) leaves none.
+    max_running_requests: optional. The most requests the server runs at
+      once (vLLM's ``max_num_seqs``), for the prior: the value published
+      before the first saturated interval is this (or less, when the cache
+      would be full first) divided by the mean size of the batches sent so
+      far.
+    batch_size: optional. The batch size the prior assumes before the first
+      batch is sent. Without it, nothing is published before the first
+      batch.
+    saturated_cache_usage: in (0, 1]. An interval is saturated when the
+      server's cache usage is at least this at both ends.
   """
-  def __init__(
-      self,
-      poll_interval_secs: float = 5,
-      window_secs: float = 300,
-      percentile: float = 90,
-      completions_metric: str = 'vllm:request_success_total',
-      completion_reasons: Sequence[str] = ('stop', 'length'),
-      running_metric: str = 'vllm:num_requests_running'):
-    _check_positive_number('poll_interval_secs', poll_interval_secs)
-    _check_positive_number('window_secs', window_secs)
-    if window_secs < poll_interval_secs:
+  poll_interval_secs: float = 5
+  window_secs: float = 300
+  hold_secs: float = 3600
+  target_utilization: float = 1.0
+  max_running_requests: Optional[int] = None
+  batch_size: Optional[int] = None
+  saturated_cache_usage: float = 0.9
+
+  def __post_init__(self):
+    _check_positive('poll_interval_secs', self.poll_interval_secs)
+    _check_positive('window_secs', self.window_secs)
+    _check_positive('hold_secs', self.hold_secs)
+    if self.window_secs < self.poll_interval_secs:
       raise ValueError(
-          f'window_secs ({window_secs!r}) must be at least '
-          f'poll_interval_secs ({poll_interval_secs!r}).')
-    _check_positive_number('percentile', percentile)
-    if percentile > 100:
-      raise ValueError(f'percentile must be at most 100, got {percentile!r}.')
-    _check_non_empty_str('completions_metric', completions_metric)
-    _check_non_empty_str('running_metric', running_metric)
-    if isinstance(completion_reasons,
-                  str) or not isinstance(completion_reasons, Sequence):
-      raise TypeError(
-          'completion_reasons must be a sequence of str, got '
-          f'{completion_reasons!r}.')
-    if not completion_reasons or not all(isinstance(r, str) and r
-                                         for r in completion_reasons):
+          f'window_secs ({self.window_secs!r}) must be at least '
+          f'poll_interval_secs ({self.poll_interval_secs!r}).')
+    if self.hold_secs < self.window_secs:
       raise ValueError(
-          'completion_reasons must hold one or more non-empty str, got '
-          f'{completion_reasons!r}.')
-    self.poll_interval_secs = poll_interval_secs
-    self.window_secs = window_secs
-    self.percentile = percentile
-    self.completions_metric = completions_metric
-    self.completion_reasons = tuple(completion_reasons)
-    self.running_metric = running_metric
-
-  def __repr__(self):
-    return (
-        f'AutoscalingConfig(poll_interval_secs={self.poll_interval_secs!r}, '
-        f'window_secs={self.window_secs!r}, '
-        f'percentile={self.percentile!r}, '
-        f'completions_metric={self.completions_metric!r}, '
-        f'completion_reasons={self.completion_reasons!r}, '
-        f'running_metric={self.running_metric!r})')
+          f'hold_secs ({self.hold_secs!r}) must be at least '
+          f'window_secs ({self.window_secs!r}).')
+    _check_fraction('target_utilization', self.target_utilization)
+    if self.max_running_requests is not None:
+      _check_positive(
+          'max_running_requests', self.max_running_requests, integer=True)
+    if self.batch_size is not None:
+      _check_positive('batch_size', self.batch_size, integer=True)
+    _check_fraction('saturated_cache_usage', self.saturated_cache_usage)
 
 
-# A sample line of the Prometheus text format, and one label in its braces.
-_SAMPLE_LINE = re.compile(
-    r'([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$')
-_LABEL = re.compile(r'\s*([a-zA-Z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_UNESCAPE = {'\\\\': '\\', '\\"': '"', '\\n': '\n'}
+@dataclasses.dataclass(frozen=True)
+class ServerMetricNames:
+  """The names, as scraped, of the server metrics the publisher reads.
+
+  Args:
+    running: the gauge of requests the server is running.
+    waiting: the gauge of requests waiting to run.
+    cache_usage: optional. The gauge of the share of the server's cache (its
+      KV cache) in use, from 0 to 1.
+    preemptions: optional. The counter of requests the server preempted
+      (put back to waiting) because its cache was full.
+    finished: optional. The counter of requests the server finished, over
+      all its labels. When given, the server is measured only once it has
+      finished a request: until then all its requests are young, hold
+      little of the cache, and a server whose cache bounds it runs more of
+      them than it will once they have grown.
+  """
+  running: str
+  waiting: str
+  cache_usage: Optional[str] = None
+  preemptions: Optional[str] = None
+  finished: Optional[str] = None
+
+  def __post_init__(self):
+    _check_name('running', self.running)
+    _check_name('waiting', self.waiting)
+    if self.cache_usage is not None:
+      _check_name('cache_usage', self.cache_usage)
+    if self.preemptions is not None:
+      _check_name('preemptions', self.preemptions)
+    if self.finished is not None:
+      _check_name('finished', self.finished)
 
 
-def _parse_labels(text: str) -> dict[str, str]:
-  labels = {}
-  pos = 0
-  while pos < len(text.rstrip()):
-    match = _LABEL.match(text, pos)
-    if not match:
-      raise ValueError(f'Cannot parse the labels {{{text}}}.')
-    labels[match.group(1)] = re.sub(
-        r'\\.', lambda m: _UNESCAPE.get(m.group(0), m.group(0)), match.group(2))
-    pos = match.end()
-  return labels
+class _Scrape(NamedTuple):
+  time: float
+  running: float
+  waiting: float
+  cache_usage: Optional[float]
+  preemptions: Optional[float]
+  batches: int
 
 
-def parse_samples_fallback(
-    text: str) -> list[tuple[str, dict[str, str], float]]:
-  """Parses Prometheus text into (sample name, labels, value) triples; used
-  only when prometheus_client is not importable. Raises ValueError on a line
-  that is not a comment or a sample."""
-  samples = []
-  for number, line in enumerate(text.splitlines(), 1):
-    if not line.strip() or line.lstrip().startswith('#'):
+def _read_samples(text: str, prefixes: tuple) -> dict[str, list[float]]:
+  """The values of the samples of Prometheus text whose lines start with one
+  of prefixes, by sample name. Labels are not read: every metric is summed
+  (or maxed) over all its series. Raises ValueError on such a line that is
+  not a sample."""
+  values: dict[str, list[float]] = collections.defaultdict(list)
+  for line in text.splitlines():
+    if not line.startswith(prefixes):
       continue
-    match = _SAMPLE_LINE.match(line.strip())
-    if not match:
-      raise ValueError(f'Line {number} is not a sample: {line[:80]!r}.')
-    name, labels, value = match.groups()
-    try:
-      samples.append((name, _parse_labels(labels or ''), float(value)))
-    except ValueError as e:
-      raise ValueError(f'Line {number}: {e} {line[:80]!r}') from e
-  return samples
-
-
-def parse_samples_prometheus_client(
-    text: str) -> list[tuple[str, dict[str, str], float]]:
-  """Parses Prometheus text into (sample name, labels, value) triples with
-  prometheus_client's parser. Raises ValueError on malformed text."""
-  return [(sample.name, dict(sample.labels), float(sample.value))
-          for family in text_string_to_metric_families(text)
-          for sample in family.samples]
-
-
-parse_samples = (
-    parse_samples_prometheus_client
-    if text_string_to_metric_families is not None else parse_samples_fallback)
-
-_Interval = collections.namedtuple(
-    '_Interval', ['end', 'throughput', 'latency'])
+    brace = line.find('{')
+    if brace >= 0:
+      # A label value may hold spaces or braces, the value and timestamp
+      # after the labels do not.
+      name, rest = line[:brace], line[line.rindex('}') + 1:]
+    else:
+      name, _, rest = line.partition(' ')
+    fields = rest.split()
+    if not 1 <= len(fields) <= 2:
+      raise ValueError(f'Not a sample: {line[:100]!r}')
+    values[name].append(float(fields[0]))
+  return values
 
 
 class PrometheusNumLoadedModelsPublisher:
   """Publishes how many batches an inference server can serve at once.
 
   A background thread scrapes the server's Prometheus metrics at
-  ``metrics_url`` every ``config.poll_interval_secs`` and publishes its
-  estimate to the process-wide distribution ``num_loaded_models_<tag>`` in
-  the namespace ``BeamML_ModelManager``, where RunInference's model manager
-  publishes how many models a worker has loaded.
+  ``metrics_url`` every ``config.poll_interval_secs`` and publishes to the
+  process-wide distribution ``num_loaded_models_<tag>`` in the namespace
+  ``BeamML_ModelManager``, where RunInference's model manager publishes how
+  many models a worker has loaded, at every poll.
 
-  The estimate applies Little's law (requests in service = throughput x time
-  in service) to the server's counters. Between two scrapes, an interval of
-  ``dt`` seconds, the server finished ``done`` requests (the completions
-  counter's increase over the series whose ``finished_reason`` is a
-  completion reason) and ran ``running`` requests on average (the mean of
-  the running gauge at both scrapes). An interval counts only when the server
-  was busy: requests running at both scrapes and some finished in between.
-  Its throughput is ``X = done / dt`` and, by Little's law, a request spent
-  ``S = running / X`` seconds in service. Over the n busy intervals of the
-  last ``config.window_secs``, with ``k = ceil(n * config.percentile / 100)``::
+  What it publishes is capacity, not load. The server's running count says
+  how many requests it serves at once only when it is saturated: when
+  requests wait at both ends of the interval between two scrapes, or its
+  cache usage is at least ``config.saturated_cache_usage`` at both ends, or
+  it preempted requests in between. Below saturation the running count is
+  just the load, so such intervals are not measured. With
+  ``metric_names.finished``, neither are those before the server finished
+  its first request, whose requests are all young. In a saturated
+  interval the server serves ``running`` of the ``running + waiting``
+  requests it holds, which belong to the ``batches`` batches that the
+  client has in flight (``batch_started`` less ``batch_finished``), so it
+  serves ``running * batches / (running + waiting)`` batches at once: the
+  mean over both ends is one sample. Counting the batches in flight, rather
+  than dividing by the size of the batches sent, counts a batch whose last
+  requests still run, as RunInference waits for all of them. The capacity
+  is the median of the samples of the last ``config.window_secs``.
 
-    concurrency = (k-th lowest X) * (k-th highest S)
-    estimate = max(1, round(concurrency / mean batch size))
+  Once no interval is saturated (the load fell, the server idles or
+  restarted), the last capacity is held for ``config.hold_secs``; after that,
+  and before the first saturated interval, the publisher publishes its prior:
+  ``config.max_running_requests``, capped by the running count at which the
+  cache would be full (the median over the window of running / cache
+  usage), divided by the mean size of the batches sent so far
+  (``config.batch_size`` before the first). Without either, it publishes
+  nothing until it has measured: never 1 for "unknown". The published value
+  is the capacity times ``config.target_utilization``, rounded, and at
+  least 1.
 
-  ``concurrency`` is how many requests the server serves at once when it
-  delivers its peak throughput at its best latency: beyond it, more requests
-  only wait longer. It always lies between the lowest and the highest
-  running count of the window's busy intervals. While the running count
-  holds steady it equals that count; when more running requests bring more
-  latency but no more throughput, it stays below it, so a server that only
-  queues does not look bigger. The mean batch size is that of the batches
-  ``record_batch`` noted in the same window; without any, the estimate
-  counts requests.
-
-  Idle intervals leave the window as it is, so idle periods do not drag the
-  estimate down, and old intervals drop out of the window, so one burst does
-  not hold it up; with no busy interval in the window, the estimate is 1.
-  A counter that goes down was reset (the server restarted): that interval
-  is skipped. A scrape that fails (unreachable server, an HTTP error, text
-  that does not parse, missing metrics) is logged and the thread goes on
-  polling; nothing it raises leaves the thread. ``stop()`` publishes 0 and
-  joins the thread; so does the collection of ``owner``, when given.
+  A scrape that fails (unreachable server, an HTTP error, a page larger than
+  2 MiB, text that does not parse, a metric that is missing, not finite or
+  negative) is logged and changes nothing: polling goes on and the last
+  value is published again. A counter that goes down was reset.
+  ``set_metrics_url`` points the publisher at a restarted server and keeps
+  what it measured. ``stop()`` publishes 0 and ends the thread within 2
+  seconds, whatever the server does; so does the collection of ``owner``,
+  without waiting.
 
   Args:
     metrics_url: the server's Prometheus text endpoint, e.g.
       ``http://localhost:8000/metrics``.
     tag: the model tag RunInference knows the model by (see
       ModelHandler.set_model_identifier).
+    metric_names: a ServerMetricNames: the names of the server's metrics.
     config: an AutoscalingConfig; the defaults when None.
     counters: optional. Server counters to republish, a mapping from the
       scraped sample name (e.g. ``vllm:prefix_cache_hits_total``) to a Beam
       counter name. Each scrape adds their increases to process-wide Beam
-      counters in ``counters_namespace``; the first scrape adds their values
-      since the server started, a reset adds the new value.
+      counters in ``counters_namespace``; the first scrape of a server adds
+      their values since it started, and so does a reset.
     counters_namespace: the namespace of those counters; required with them.
     owner: optional. An object whose collection stops the publisher. The
       publisher holds only a weak reference to it.
+    clock: optional. Returns the time in seconds; time.monotonic by
+      default. For tests, with ``fetch``.
+    fetch: optional. Returns the text at a URL; an HTTP GET with the limits
+      above by default.
   """
   def __init__(
       self,
       metrics_url: str,
       tag: str,
+      metric_names: ServerMetricNames,
       config: Optional[AutoscalingConfig] = None,
       *,
       counters: Optional[Mapping[str, str]] = None,
       counters_namespace: Optional[str] = None,
-      owner: Optional[object] = None):
-    _check_non_empty_str('metrics_url', metrics_url)
-    _check_non_empty_str('tag', tag)
+      owner: Optional[object] = None,
+      clock: Callable[[], float] = time.monotonic,
+      fetch: Optional[Callable[[str], str]] = None):
+    _check_name('metrics_url', metrics_url)
+    _check_name('tag', tag)
+    if not isinstance(metric_names, ServerMetricNames):
+      raise TypeError(
+          f'metric_names must be a ServerMetricNames, got {metric_names!r}.')
     if config is None:
       config = AutoscalingConfig()
     if not isinstance(config, AutoscalingConfig):
@@ -280,29 +315,52 @@ class PrometheusNumLoadedModelsPublisher:
       raise TypeError(
           f'counters must be a mapping from str to str, got {counters!r}.')
     if counters:
-      _check_non_empty_str('counters_namespace', counters_namespace)
+      _check_name('counters_namespace', counters_namespace)
     self._url = metrics_url
+    self._scraped_url = metrics_url
     self._tag = tag
+    self._names = metric_names
     self._config = config
-    self._timeout = min(config.poll_interval_secs, _MAX_SCRAPE_TIMEOUT_SECS)
+    self._clock = clock
+    self._fetch = fetch or self._http_get
+    self._timeout = min(config.poll_interval_secs, _MAX_SOCKET_TIMEOUT_SECS)
     self._distribution = Metrics.distribution(
         NUM_LOADED_MODELS_NAMESPACE,
-        NUM_LOADED_MODELS_PREFIX + tag,
+        num_loaded_models_name(tag),
         process_wide=True)
     self._counters = {
         source: Metrics.DelegatingCounter(
             MetricName(counters_namespace, name), process_wide=True)
         for source, name in counters.items()
     }
+    gauges = [metric_names.running, metric_names.waiting]
+    if metric_names.cache_usage:
+      gauges.append(metric_names.cache_usage)
+    wanted = gauges + [
+        name for name in
+        [metric_names.preemptions, metric_names.finished, *counters] if name
+    ]
+    # Only the lines of these metrics are parsed.
+    self._line_prefixes = tuple(
+        name + end for name in wanted for end in ('{', ' '))
     self._counter_values: dict[str, float] = {}
-    # (time, completed, running) of the last scrape that had both metrics.
-    self._last: Optional[tuple[float, float, float]] = None
-    self._intervals: collections.deque = collections.deque()
-    # (time, batches, requests) per poll, and the counts since the last poll.
-    self._batches: collections.deque = collections.deque()
     self._lock = threading.Lock()
-    self._pending_batches = 0
-    self._pending_requests = 0
+    # Guarded by _lock: the batches in flight and the batches sent.
+    self._batches_in_flight = 0
+    self._batches_sent = 0
+    self._requests_sent = 0
+    # The socket of the scrape in progress, which stop() may cut.
+    self._socket: Optional[socket.socket] = None
+    self._aborted = False
+    # The polling thread's own state.
+    self._last: Optional[_Scrape] = None
+    self._samples: collections.deque = collections.deque()
+    # (time, running / cache usage): the running count at which the cache
+    # would be full, at the requests' current sizes.
+    self._cache_limits: collections.deque = collections.deque()
+    self._cache_limit: Optional[float] = None
+    self._capacity: Optional[float] = None
+    self._measured_at = -math.inf
     self._problem: Optional[str] = None
     self._value: Optional[int] = None
     self._stopping = threading.Event()
@@ -321,37 +379,70 @@ class PrometheusNumLoadedModelsPublisher:
     """Whether the polling thread runs."""
     return self._thread is not None and self._thread.is_alive()
 
-  def record_batch(self, num_requests: int) -> None:
+  def batch_started(self, num_requests: int) -> None:
     """Notes that a batch of num_requests requests was sent to the server."""
+    self._check_batch(num_requests)
+    with self._lock:
+      self._batches_in_flight += 1
+      self._batches_sent += 1
+      self._requests_sent += num_requests
+
+  def batch_finished(self, num_requests: int) -> None:
+    """Notes that a batch sent with batch_started got all its responses, or
+    failed."""
+    self._check_batch(num_requests)
+    with self._lock:
+      self._batches_in_flight = max(0, self._batches_in_flight - 1)
+
+  @staticmethod
+  def _check_batch(num_requests: int) -> None:
     if isinstance(num_requests, bool) or not isinstance(num_requests, int):
       raise TypeError(f'num_requests must be an int, got {num_requests!r}.')
     if num_requests < 0:
       raise ValueError(
           f'num_requests must not be negative, got {num_requests!r}.')
+
+  def set_metrics_url(self, metrics_url: str) -> None:
+    """Points the publisher at a restarted server. What it measured is kept;
+    the new server's counters count from its start."""
+    _check_name('metrics_url', metrics_url)
     with self._lock:
-      self._pending_batches += 1
-      self._pending_requests += num_requests
+      self._url = metrics_url
 
   def start(self) -> None:
     """Starts the polling thread; a publisher starts once."""
-    if self._thread is not None:
-      raise RuntimeError('The publisher was already started.')
-    self._thread = threading.Thread(
-        target=self._run,
-        name=f'PrometheusNumLoadedModelsPublisher-{self._tag}',
-        daemon=True)
+    with self._lock:
+      if self._thread is not None:
+        raise RuntimeError('The publisher was already started.')
+      self._thread = threading.Thread(
+          target=self._run,
+          name=f'PrometheusNumLoadedModelsPublisher-{self._tag}',
+          daemon=True)
     self._thread.start()
 
   def stop(self) -> None:
     """Stops the polling thread: it scrapes a last time for the counters,
-    publishes 0 and ends. Joins it, unless called from the thread itself."""
+    publishes 0 and ends. Returns within 2 seconds, with the thread ended
+    unless called from the thread itself."""
     self._stopping.set()
     if self._finalizer is not None:
       self._finalizer.detach()
     thread = self._thread
-    if (thread is not None and thread is not threading.current_thread() and
-        not sys.is_finalizing()):
-      thread.join(timeout=4 * self._timeout + 1)
+    if (thread is None or thread is threading.current_thread() or
+        sys.is_finalizing()):
+      return
+    thread.join(_STOP_GRACE_SECS)
+    if thread.is_alive():
+      # The server is slow to answer: cut the connection the thread waits on.
+      with self._lock:
+        self._aborted = True
+        sock = self._socket
+      if sock is not None:
+        try:
+          sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+          pass
+      thread.join(_STOP_JOIN_SECS)
 
   def _run(self) -> None:
     while True:
@@ -369,42 +460,122 @@ class PrometheusNumLoadedModelsPublisher:
     self._publish(0)
 
   def _poll(self) -> None:
+    """Scrapes the server once and publishes the current value."""
     now = self._scrape()
     if now is None:
-      now = time.monotonic()
+      now = self._clock()
     cutoff = now - self._config.window_secs
-    while self._intervals and self._intervals[0].end < cutoff:
-      self._intervals.popleft()
+    for window in (self._samples, self._cache_limits):
+      while window and window[0][0] < cutoff:
+        window.popleft()
+    if self._samples:
+      self._capacity = statistics.median(s for _, s in self._samples)
+    elif now - self._measured_at > self._config.hold_secs:
+      if self._capacity is not None:
+        _LOGGER.info(
+            'Publisher %s saw no saturated interval for %s s; it publishes '
+            'its prior until it measures again.',
+            self._tag,
+            self._config.hold_secs)
+      self._capacity = None
+    capacity = self._capacity if self._capacity is not None else self._prior()
+    if capacity is not None:
+      self._publish(
+          max(1, int(capacity * self._config.target_utilization + 0.5)))
+
+  def _prior(self) -> Optional[float]:
+    """The capacity in batches before the first saturated interval."""
+    if self._cache_limits:
+      self._cache_limit = statistics.median(s for _, s in self._cache_limits)
+    limits = [
+        limit
+        for limit in (self._config.max_running_requests, self._cache_limit)
+        if limit is not None
+    ]
+    if not limits:
+      return None
     with self._lock:
-      self._batches.append((now, self._pending_batches, self._pending_requests))
-      self._pending_batches = self._pending_requests = 0
-    while self._batches and self._batches[0][0] < cutoff:
-      self._batches.popleft()
-    self._publish(self._estimate())
+      batches, requests = self._batches_sent, self._requests_sent
+    if batches and requests:
+      batch_size = requests / batches
+    elif self._config.batch_size is not None:
+      batch_size = self._config.batch_size
+    else:
+      return None
+    return min(limits) / batch_size
+
+  def _http_get(self, url: str) -> str:
+    """GETs url with a bounded page size and socket operations that stop()
+    can cut."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path or '/'
+    if parts.query:
+      path += '?' + parts.query
+    connection = http.client.HTTPConnection(
+        parts.hostname or 'localhost', parts.port, timeout=self._timeout)
+    try:
+      if self._aborted:
+        raise ConnectionAbortedError('The publisher is stopping.')
+      connection.connect()
+      with self._lock:
+        if self._aborted:
+          raise ConnectionAbortedError('The publisher is stopping.')
+        # The response keeps reading from this socket after the connection
+        # hands it over.
+        self._socket = connection.sock
+      connection.request('GET', path)
+      response = connection.getresponse()
+      if response.status != 200:
+        raise IOError(f'HTTP status {response.status} {response.reason}')
+      chunks, size = [], 0
+      deadline = time.monotonic() + self._config.poll_interval_secs
+      while True:
+        chunk = response.read1(1 << 16)
+        if not chunk:
+          break
+        size += len(chunk)
+        if size > _MAX_PAGE_BYTES:
+          raise ValueError(f'the page is larger than {_MAX_PAGE_BYTES} bytes')
+        if time.monotonic() > deadline:
+          raise TimeoutError('the page took longer than a poll interval')
+        chunks.append(chunk)
+    finally:
+      with self._lock:
+        self._socket = None
+      connection.close()
+    return b''.join(chunks).decode('utf-8', errors='replace')
 
   def _scrape(self) -> Optional[float]:
-    """Fetches and reads the server's metrics; returns the scrape's time,
-    or None when it failed."""
+    """Fetches and reads the server's metrics; returns the scrape's time, or
+    None when it failed."""
+    with self._lock:
+      url = self._url
     try:
-      with urllib.request.urlopen(self._url, timeout=self._timeout) as resp:
-        text = resp.read().decode('utf-8', errors='replace')
-      now = time.monotonic()
-      samples = parse_samples(text)
+      text = self._fetch(url)
+      now = self._clock()
+      values = _read_samples(text, self._line_prefixes)
     except Exception as e:  # pylint: disable=broad-except
-      self._report(f'cannot read {self._url}: {e!r}')
+      self._report(f'cannot read {url}: {e!r}')
       return None
-    self._read_counters(samples)
-    missing = self._observe(now, samples)
-    self._report(
-        f'{self._url} has no {" or ".join(missing)}' if missing else None)
+    with self._lock:
+      if url != self._url:
+        return None
+      restarted = url != self._scraped_url
+      self._scraped_url = url
+    if restarted:
+      # A new server: nothing spans the restart, its counters start at 0.
+      self._last = None
+      self._counter_values = {}
+    self._read_counters(values)
+    problem = self._observe(now, values)
+    self._report(f'{url}: {problem}' if problem else None)
     return now
 
-  def _read_counters(self, samples) -> None:
+  def _read_counters(self, values: Mapping[str, list[float]]) -> None:
     for source, counter in self._counters.items():
-      values = [value for name, _, value in samples if name == source]
-      if not values:
+      current = _total(values.get(source))
+      if current is None:
         continue
-      current = sum(values)
       previous = self._counter_values.get(source, 0.0)
       # A counter that went down was reset and counts from 0 again.
       increase = current - previous if current >= previous else current
@@ -412,53 +583,57 @@ class PrometheusNumLoadedModelsPublisher:
       if increase > 0:
         counter.inc(int(round(increase)))
 
-  def _observe(self, now: float, samples) -> list[str]:
-    """Adds the interval since the last scrape to the window when the server
-    was busy in it; returns the names of the metrics that are missing."""
-    config = self._config
-    completed = [
-        value for name, labels, value in samples
-        if name == config.completions_metric and
-        labels.get('finished_reason') in config.completion_reasons
-    ]
-    running = [
-        value for name, _, value in samples if name == config.running_metric
-    ]
-    missing = [
-        name for name, values in ((config.completions_metric, completed),
-                                  (config.running_metric, running))
-        if not values
-    ]
+  def _observe(self, now: float, values: Mapping[str,
+                                                 list[float]]) -> Optional[str]:
+    """Adds a sample when the interval since the last scrape was saturated;
+    returns what is wrong with the metrics, if anything."""
+    names = self._names
+    running = _total(values.get(names.running))
+    waiting = _total(values.get(names.waiting))
+    cache_usage = preemptions = None
+    if names.cache_usage:
+      usage = values.get(names.cache_usage)
+      cache_usage = max(usage) if usage and _total(usage) is not None else None
+    if names.preemptions:
+      preemptions = _total(values.get(names.preemptions))
     last, self._last = self._last, None
-    if missing:
-      return missing
-    current = (now, sum(completed), sum(running))
+    if running is None or waiting is None:
+      bad = [
+          name for name, value in ((names.running, running),
+                                   (names.waiting, waiting)) if value is None
+      ]
+      return f'no finite, non-negative {" or ".join(bad)}'
+    with self._lock:
+      batches = self._batches_in_flight
+    current = _Scrape(now, running, waiting, cache_usage, preemptions, batches)
     self._last = current
-    if last is None or current[0] <= last[0]:
-      return []
-    dt, done = current[0] - last[0], current[1] - last[1]
-    if done < 0:
-      _LOGGER.info(
-          '%s was reset; the interval before %s is skipped.',
-          config.completions_metric,
-          self._url)
-    elif done > 0 and last[2] > 0 and current[2] > 0:
-      throughput = done / dt
-      latency = (last[2] + current[2]) / 2 / throughput
-      self._intervals.append(_Interval(now, throughput, latency))
-    return []
+    if cache_usage and running:
+      self._cache_limits.append((now, running / cache_usage))
+    if last is None or current.time <= last.time:
+      return None
+    warm = True
+    if names.finished:
+      warm = bool(_total(values.get(names.finished)))
+    if warm and self._saturated(last, current):
+      ends = [
+          end.running * end.batches / (end.running + end.waiting)
+          for end in (last, current) if end.batches and end.running
+      ]
+      if ends:
+        self._samples.append((now, sum(ends) / len(ends)))
+        self._measured_at = now
+    return None
 
-  def _estimate(self) -> int:
-    if not self._intervals:
-      return 1
-    count = len(self._intervals)
-    rank = max(1, math.ceil(self._config.percentile / 100 * count))
-    throughput = sorted(i.throughput for i in self._intervals)[rank - 1]
-    latency = sorted(i.latency for i in self._intervals)[count - rank]
-    batches = sum(b for _, b, _ in self._batches)
-    requests = sum(r for _, _, r in self._batches)
-    batch_size = requests / batches if batches and requests else 1.0
-    return max(1, int(throughput * latency / batch_size + 0.5))
+  def _saturated(self, first: _Scrape, second: _Scrape) -> bool:
+    if first.waiting > 0 and second.waiting > 0:
+      return True
+    threshold = self._config.saturated_cache_usage
+    if (first.cache_usage is not None and second.cache_usage is not None and
+        min(first.cache_usage, second.cache_usage) >= threshold):
+      return True
+    return (
+        first.preemptions is not None and second.preemptions is not None and
+        second.preemptions > first.preemptions)
 
   def _publish(self, value: int) -> None:
     self._value = value
@@ -474,3 +649,11 @@ class PrometheusNumLoadedModelsPublisher:
     else:
       _LOGGER.warning('Publisher %s: %s; it keeps polling.', self._tag, problem)
     self._problem = problem
+
+
+def _total(values: Optional[list[float]]) -> Optional[float]:
+  """The sum of a metric's samples; None when it has none, or one that is not
+  finite or is negative."""
+  if not values or not all(math.isfinite(v) and v >= 0 for v in values):
+    return None
+  return sum(values)
