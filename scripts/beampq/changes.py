@@ -42,8 +42,12 @@ UNRELEASED = re.compile(r'^# \[[^\]]+\] - Unreleased\s*$')
 ATTRIBUTION = re.compile(r'^<!-- pull request: ([a-z0-9][a-z0-9.-]*) -->$')
 LINK = re.compile(
     r'\(\[#\d+\]\(https://github\.com/apache/beam/(issues|pull)/\d+\)\)\.$')
+# Any link to an issue or pull request: an entry has at most one, at its end.
+ANY_LINK = re.compile(r'\[#[^\]]*\]\(https://github\.com/apache/beam/')
 # Beam's template entries, which stand for "nothing yet".
 PLACEHOLDER = '[#X]'
+# Beam's entries are one sentence of about 40 words at most.
+MAX_ENTRY_WORDS = 45
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +93,11 @@ def parse(text: str, name: str = 'CHANGES.md') -> list[Entry]:
         raise Error(f'{name}:{lineno}: entry before any "## " heading')
       extending = PLACEHOLDER not in line
       if not extending:
+        if pull_request is not None:
+          raise Error(
+              f'{name}:{lineno}: an entry of pull request {pull_request} '
+              f'links the placeholder {PLACEHOLDER}: link an existing issue '
+              'or pull request, or none')
         continue
       if pull_request is None:
         raise Error(
@@ -101,12 +110,28 @@ def parse(text: str, name: str = 'CHANGES.md') -> list[Entry]:
     elif line.strip():
       extending = False
   for entry in entries:
-    if not LINK.search(entry.text):
-      raise Error(
-          f'{name}: entry under "{entry.heading}" does not end with '
-          'a ([#N](https://github.com/apache/beam/issues/N)). link: '
-          f'{entry.text[:60]}...')
+    _check_entry(name, entry)
   return entries
+
+
+def _check_entry(name: str, entry: Entry):
+  """Beam's form: a sentence of at most MAX_ENTRY_WORDS words, ending in
+  its one link if it has one."""
+  links = len(ANY_LINK.findall(entry.text))
+  if links > 1 or (links and not LINK.search(entry.text)):
+    raise Error(
+        f'{name}: entry under "{entry.heading}" must end with its one '
+        '([#N](https://github.com/apache/beam/issues/N)). link: '
+        f'{entry.text[:60]}...')
+  if not entry.text.endswith('.'):
+    raise Error(
+        f'{name}: entry under "{entry.heading}" does not end with a full '
+        f'stop: {entry.text[:60]}...')
+  words = len(LINK.sub('', entry.text).split()) - 1
+  if words > MAX_ENTRY_WORDS:
+    raise Error(
+        f'{name}: entry under "{entry.heading}" has {words} words, more '
+        f'than {MAX_ENTRY_WORDS}: split it. {entry.text[:60]}...')
 
 
 def by_heading(entries: Iterable[Entry]) -> dict[str, list[str]]:

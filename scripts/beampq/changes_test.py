@@ -83,10 +83,10 @@ def test_template_entries_and_their_lines_are_skipped():
 
 ## Bugfixes
 
-<!-- pull request: a -->
-* (Python) Real {LINK.format(1)}
 * Fixed X (Java/Python) ([#X](https://github.com/apache/beam/issues/X)),
   over two lines.
+<!-- pull request: a -->
+* (Python) Real {LINK.format(1)}
 """
   assert [e.text for e in changes.parse(text)
           ] == [f'* (Python) Real {LINK.format(1)}']
@@ -102,12 +102,38 @@ def test_template_entries_and_their_lines_are_skipped():
             'CHANGES.md:2: entry before any "## " heading'),
         (
             '# [1.0] - Unreleased\n## Bugfixes\n<!-- pull request: a -->\n'
-            '* (Python) No link.\n',
-            'entry under "Bugfixes" does not end with a'),
+            '* (Python) Linked ([#1](https://github.com/apache/beam/issues/1))'
+            ' then more.\n',
+            'entry under "Bugfixes" must end with its one'),
+        (
+            '# [1.0] - Unreleased\n## Bugfixes\n<!-- pull request: a -->\n'
+            '* (Python) Two ([#1](https://github.com/apache/beam/issues/1)) '
+            '([#2](https://github.com/apache/beam/issues/2)).\n',
+            'entry under "Bugfixes" must end with its one'),
+        (
+            '# [1.0] - Unreleased\n## Bugfixes\n<!-- pull request: a -->\n'
+            '* (Python) No full stop\n',
+            'does not end with a full stop'),
+        (
+            '# [1.0] - Unreleased\n## Bugfixes\n<!-- pull request: a -->\n'
+            '* (Python) Fixed it ([#X](https://github.com/apache/beam/issues/'
+            'X)).\n',
+            r'CHANGES.md:4: an entry of pull request a links the placeholder'),
+        (
+            '# [1.0] - Unreleased\n## Bugfixes\n<!-- pull request: a -->\n'
+            '* (Python) ' + 'word ' * 45 + 'end.\n',
+            'has 47 words, more than 45: split it'),
     ])
 def test_parse_errors(text, message):
   with pytest.raises(Error, match=message):
     changes.parse(text)
+
+
+def test_an_entry_may_have_no_link():
+  text = ('# [1.0] - Unreleased\n## Bugfixes\n<!-- pull request: a -->\n'
+          '* (Python) Fixed a thing, with no issue to link.\n')
+  assert [e.text for e in changes.parse(text)
+          ] == ['* (Python) Fixed a thing, with no issue to link.']
 
 
 def test_to_text_groups_by_heading():

@@ -188,6 +188,9 @@ DOCUMENTED = {
     'stateful-global-sized': (
         'patch 0001 (CHANGES.md, Breaking Changes): the stateful path honors '
         'element_size_fn'),
+    'stateless-global-oversized': (
+        'patch 0001 (CHANGES.md, Bugfixes): no empty batch ahead of an '
+        'element larger than the target size'),
 }
 
 
