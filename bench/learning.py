@@ -96,9 +96,7 @@ def elements(keys: int, seed: int) -> list:
 def run(variant: str, keys: int, seed: int) -> dict:
   model = _Model()
   batching = dict(
-      min_batch_size=MIN_BATCH_SIZE,
-      max_batch_size=MAX_BATCH_SIZE,
-      clock=model)
+      min_batch_size=MIN_BATCH_SIZE, max_batch_size=MAX_BATCH_SIZE, clock=model)
   with beam.Pipeline(runner='BundleBasedDirectRunner') as p:
     keyed = p | beam.Create(elements(keys, seed), reshuffle=False)
     if variant == 'per_step':
@@ -124,8 +122,7 @@ def run(variant: str, keys: int, seed: int) -> dict:
   return {
       'mean_batch_size': sum(sizes) / len(sizes),
       'batches_of_one': sum(size == 1 for size in sizes) / len(sizes),
-      'model_secs_per_element': sum(cost
-                                    for _, cost in sizes_and_costs) /
+      'model_secs_per_element': sum(cost for _, cost in sizes_and_costs) /
       sum(sizes),
   }
 
