@@ -130,8 +130,9 @@ def test_parse_errors(text, message):
 
 
 def test_an_entry_may_have_no_link():
-  text = ('# [1.0] - Unreleased\n## Bugfixes\n<!-- pull request: a -->\n'
-          '* (Python) Fixed a thing, with no issue to link.\n')
+  text = (
+      '# [1.0] - Unreleased\n## Bugfixes\n<!-- pull request: a -->\n'
+      '* (Python) Fixed a thing, with no issue to link.\n')
   assert [e.text for e in changes.parse(text)
           ] == ['* (Python) Fixed a thing, with no issue to link.']
 
