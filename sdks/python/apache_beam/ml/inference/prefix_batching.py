@@ -36,7 +36,8 @@ from typing import Any
 from typing import Optional
 from typing import Union
 
-from apache_beam.transforms.util import WithBatchKey
+from apache_beam.transforms.util import AdaptiveNumShards
+from apache_beam.transforms.util import BatchElements
 
 __all__ = [
     'DEFAULT_PREFIX_CHAR_LEN',
@@ -50,7 +51,10 @@ __all__ = [
 # to end before the part of a prompt that differs per request.
 DEFAULT_PREFIX_CHAR_LEN = 256
 
-_ShardSpec = Union[int, Mapping[Any, int], Callable[[Any], int]]
+_ShardSpec = Union[int,
+                   Mapping[Any, int],
+                   Callable[[Any], int],
+                   AdaptiveNumShards]
 
 
 def _identity(element):
@@ -246,7 +250,9 @@ class PrefixBatchingConfig:
       One shard gives the most cache reuse but serves a prefix on one worker
       at a time, which caps a prefix shared by most of the traffic at one
       worker's throughput; more shards spread such a prefix over more
-      workers, each of which computes the prefix once. Defaults to 8.
+      workers, each of which computes the prefix once. Defaults to
+      AdaptiveNumShards(), which gives each prefix shards by its measured
+      rate: one while it is quiet, more the busier it is.
     prefix_char_len: the longest key text, in characters, for the default
       extractor. Defaults to DEFAULT_PREFIX_CHAR_LEN.
     prefix_delimiters: the delimiters of the default extractor, for example
@@ -256,14 +262,14 @@ class PrefixBatchingConfig:
       extractor. It should return small values with a deterministic encoding
       (see BatchElements' key_fn).
   """
-  num_shards: _ShardSpec = 8
+  num_shards: _ShardSpec = dataclasses.field(default_factory=AdaptiveNumShards)
   prefix_char_len: Optional[int] = None
   prefix_delimiters: Optional[Sequence[str]] = None
   key_fn: Optional[Callable[[Any], Any]] = None
 
   def __post_init__(self):
-    # WithBatchKey checks num_shards as BatchElements does.
-    WithBatchKey(_identity, self.num_shards)
+    # Fail now, as BatchElements would when the pipeline is expanded.
+    BatchElements(key_fn=_identity, num_shards=self.num_shards)
     if self.prefix_char_len is not None:
       _check_prefix_char_len(self.prefix_char_len)
     if self.prefix_delimiters is not None:

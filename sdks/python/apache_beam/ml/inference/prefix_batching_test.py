@@ -30,6 +30,7 @@ from apache_beam.ml.inference.prefix_batching import DEFAULT_PREFIX_CHAR_LEN
 from apache_beam.ml.inference.prefix_batching import ChatPrefixKeyFn
 from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
 from apache_beam.ml.inference.prefix_batching import PromptPrefixKeyFn
+from apache_beam.transforms.util import AdaptiveNumShards
 
 try:
   from apache_beam.ml.inference.vllm_inference import OpenAIChatMessage
@@ -223,7 +224,7 @@ class ChatPrefixKeyFnTest(unittest.TestCase):
 class PrefixBatchingConfigTest(unittest.TestCase):
   def test_defaults(self):
     key_fn = PrefixBatchingConfig().resolve(PromptPrefixKeyFn)
-    self.assertEqual(PrefixBatchingConfig().num_shards, 8)
+    self.assertEqual(PrefixBatchingConfig().num_shards, AdaptiveNumShards())
     self.assertIsInstance(key_fn, PromptPrefixKeyFn)
     self.assertEqual(key_fn.prefix_char_len, DEFAULT_PREFIX_CHAR_LEN)
     self.assertEqual(key_fn.delimiters, ('\n\n', ))
