@@ -789,9 +789,11 @@ class EstimatorTest(unittest.TestCase):
     self.assertEqual(publisher.value, 32)
 
   def test_estimate_without_a_prior_is_twice_the_load(self):
+    # Not the running count at which the cache would be full: 40 / 1% is
+    # 4,000 requests, 500 batches.
     publisher = self.publisher()
     self.in_flight(publisher, 5)
-    self.page = vllm_text(40, 0)
+    self.page = vllm_text(40, 0, usage=0.01)
     self.poll(publisher, 40)
     self.assertEqual(publisher.value, 10)
 
