@@ -25,13 +25,16 @@ random-weight Llama made locally. The test checks that every prompt got a
 completion, that every batch the handler sent held one prompt prefix, and
 that the server's prefix cache was hit (vllm:prefix_cache_hits_total grew).
 
-It then checks that the prefix-cache counters the handler republishes as
-Beam counters match the server's own, and drives a second server, started
-by the handler with max_num_seqs 8, past saturation: threads that send
-batches of 2 through the handler keep more batches in flight than the 4 it
-can run, and the capacity it publishes as num_loaded_models_<tag> must be
-within 25% of 8 / 2 = 4 under that load, and still after the load drops to
-one thread.
+It then checks that the handler started that server with the max-num-seqs
+vLLM defaults to on this machine (the pipeline's vllm_server_kwargs set
+none), as the handler looked it up, and that the prefix-cache counters the
+handler republishes as Beam counters match the server's own. Last, it
+drives a second server, started by the handler with max-num-seqs 8 and a
+bound of 16 requests for the signal (twice too high), past saturation:
+threads that send batches of 2 through the handler keep more batches in
+flight than the 4 it can run, and the capacity it measures and publishes as
+num_loaded_models_<tag> must be within 25% of 8 / 2 = 4 (its bound alone
+would say 8) under that load, and still after the load drops to one thread.
 """
 
 import json
@@ -44,10 +47,14 @@ import unittest
 import uuid
 from pathlib import Path
 
+import psutil
+
 import apache_beam as beam
 from apache_beam.metrics.execution import MetricsEnvironment
 from apache_beam.metrics.metricbase import MetricName
+from apache_beam.ml.inference.autoscaling_metrics import NUM_LOADED_MODELS_NAMESPACE
 from apache_beam.ml.inference.autoscaling_metrics import AutoscalingConfig
+from apache_beam.ml.inference.autoscaling_metrics import num_loaded_models_name
 from apache_beam.ml.inference.base import PredictionResult
 from apache_beam.ml.inference.base import RunInference
 from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
@@ -78,11 +85,15 @@ TEMPLATES = (
 )
 REQUESTS = 24
 BATCH_SIZE = 4
+# vLLM's default max_num_seqs for its OpenAI server on a CPU, per rank of
+# tensor or pipeline parallelism (EngineArgs.get_batch_defaults, 0.32).
+VLLM_CPU_DEFAULT_MAX_NUM_SEQS = 128
 # The saturation phase: a server that runs MAX_NUM_SEQS requests at once,
-# and SATURATING_THREADS threads that each send batches of SMALL_BATCH
-# requests of OUTPUT_TOKENS tokens, one after another: twice the batches
-# the server can run.
+# a signal told it runs BOUND, and SATURATING_THREADS threads that each
+# send batches of SMALL_BATCH requests of OUTPUT_TOKENS tokens, one after
+# another: twice the batches the server can run.
 MAX_NUM_SEQS = 8
+BOUND = 2 * MAX_NUM_SEQS
 SMALL_BATCH = 2
 CAPACITY = MAX_NUM_SEQS // SMALL_BATCH
 SATURATING_THREADS = 2 * CAPACITY
@@ -117,8 +128,19 @@ def _write_results(results, path):
 
 def _num_loaded_models(tag):
   return MetricsEnvironment.process_wide_container().get_distribution(
-      MetricName('BeamML_ModelManager',
-                 f'num_loaded_models_{tag}')).get_cumulative()
+      MetricName(NUM_LOADED_MODELS_NAMESPACE,
+                 num_loaded_models_name(tag))).get_cumulative()
+
+
+def _server_flag(port, flag):
+  """The value of a flag on the command line of the vLLM server that
+  listens on port."""
+  for process in psutil.process_iter(['cmdline']):
+    cmdline = process.info['cmdline'] or []
+    if ('vllm.entrypoints.openai.api_server' in cmdline and
+        str(port) in cmdline):
+      return cmdline[cmdline.index(flag) + 1] if flag in cmdline else None
+  raise AssertionError(f'No vLLM server listens on {port}.')
 
 
 def _beam_counters(namespace):
@@ -135,6 +157,7 @@ class VLLMPrefixBatchingTest(unittest.TestCase):
   def test_prefix_batching_and_autoscaling_signal(self):
     self._run_pipeline()
     self._check_prefix_batches()
+    self._check_max_num_seqs()
     self._check_prefix_cache_counters()
     self._check_capacity_past_saturation()
 
@@ -206,6 +229,23 @@ class VLLMPrefixBatchingTest(unittest.TestCase):
         hit_rate=hits / queries if queries else 0.0)
     self.assertGreater(hits, 0)
 
+  def _check_max_num_seqs(self):
+    """The pipeline's server got the max-num-seqs vLLM defaults to here,
+    which the handler looked up since its vllm_server_kwargs set none."""
+    # Asked again, uncached, to time what the lookup costs a worker.
+    started = time.monotonic()
+    looked_up = _vllm_default_max_num_seqs.__wrapped__(1)
+    lookup_secs = time.monotonic() - started
+    started_with = _server_flag(self.port, '--max-num-seqs')
+    self._report(
+        max_num_seqs={
+            'looked_up': looked_up,
+            'lookup_secs': round(lookup_secs, 1),
+            'server_started_with': started_with,
+        })
+    self.assertEqual(looked_up, VLLM_CPU_DEFAULT_MAX_NUM_SEQS)
+    self.assertEqual(started_with, str(looked_up))
+
   def _wait_for_counters(self):
     """Waits until the Beam counters the handler publishes match the
     server's own counters; returns both."""
@@ -231,7 +271,8 @@ class VLLMPrefixBatchingTest(unittest.TestCase):
 
   def _check_capacity_past_saturation(self):
     """More batches in flight than the server can run: the published
-    capacity is the batches it runs, and it holds when the load drops."""
+    capacity is the batches it runs, not what its bound says, and it holds
+    when the load drops."""
     model = engines.tiny_llama_hf()
     tag = f'vllm-saturation-{uuid.uuid4().hex}'
     handler = VLLMCompletionsModelHandler(
@@ -242,7 +283,11 @@ class VLLMPrefixBatchingTest(unittest.TestCase):
         },
         max_batch_size=SMALL_BATCH,
         autoscaling_config=AutoscalingConfig(
-            poll_interval_secs=0.5, window_secs=15))
+            poll_interval_secs=0.5,
+            window_secs=15,
+            saturated_queue_secs=3,
+            settle_secs=2,
+            max_running_requests=BOUND))
     handler.set_model_identifier(tag)
     server = handler.load_model()
     self.addCleanup(server._stop_processes)
@@ -287,17 +332,17 @@ class VLLMPrefixBatchingTest(unittest.TestCase):
     under_load = [v for t, v in values if LOAD_SECS / 2 <= t < LOAD_SECS]
     after_drop = [v for t, v in values if t >= LOAD_SECS]
     distribution = _num_loaded_models(tag)
-    # What it measured while saturated, not its prior (also 8 / 2).
+    # What it measured while saturated, where its bound says 16 / 2.
     measured = server._publisher._capacity
     self._report(
         saturation={
             'max_num_seqs': MAX_NUM_SEQS,
+            'bound': BOUND,
             'batch_size': SMALL_BATCH,
             'capacity': CAPACITY,
             'threads': SATURATING_THREADS,
             'batches_sent': sum(sent),
             'measured_capacity': measured,
-            'vllm_default_max_num_seqs': _vllm_default_max_num_seqs(1),
             'published_under_load': {
                 'min': min(under_load), 'max': max(under_load)
             },

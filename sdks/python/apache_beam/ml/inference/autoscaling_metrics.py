@@ -26,6 +26,10 @@ has one model loaded, but the server serves many batches at once.
 ``PrometheusNumLoadedModelsPublisher`` publishes, under the same name, how
 many batches the server can serve at once, measured from the server's own
 Prometheus metrics while it is saturated.
+
+This module imports without torch, so that code which only needs the name
+of the distribution (``NUM_LOADED_MODELS_NAMESPACE``,
+``num_loaded_models_name``) need not import the model manager.
 """
 
 import collections
@@ -59,8 +63,8 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 
-# The namespace of the distribution RunInference's model manager publishes
-# (see apache_beam.ml.inference.model_manager, which imports torch).
+# The namespace of the distribution num_loaded_models_<tag>, which
+# RunInference's model manager publishes and the publisher below too.
 NUM_LOADED_MODELS_NAMESPACE = 'BeamML_ModelManager'
 
 
@@ -78,6 +82,26 @@ _MAX_SOCKET_TIMEOUT_SECS = 2.0
 # connection, and then how long it waits for the thread to end.
 _STOP_GRACE_SECS = 0.25
 _STOP_JOIN_SECS = 1.0
+# A scrape finds the server queueing when requests of this many batches
+# wait: more than those of the batch it is taking in, whose requests queue
+# behind each other to be prefilled however idle the server is.
+_QUEUED_BATCHES = 2
+# While it queues, a server whose running count rose by more than this
+# factor over config.saturated_queue_secs is still taking in a load that
+# arrived at once, not saturated.
+_PLATEAU = 1.1
+# A new window's median replaces the capacity only when it differs by more
+# than this share, so that the noise of the samples does not move the value
+# across a worker count and back.
+_STABILITY = 0.1
+# Before its first measurement, a publisher offers at most this many times
+# the most batches it has served without queueing (and at least the
+# geometric mean of those and its prior), or, without a prior, twice as
+# many. The less it offers above what it served, the less a worker that
+# joins a measured pool pulls the pool below what it needs; 1.5 still lets
+# a pool whose prior is right shrink to it in a few decisions.
+_PROBE = 1.5
+_PROBE_WITHOUT_PRIOR = 2
 
 
 def _check_positive(name: str, value: Any, integer: bool = False) -> None:
@@ -111,29 +135,35 @@ class AutoscalingConfig:
     window_secs: the capacity is the median of the saturated intervals of the
       last window_secs; at least poll_interval_secs.
     hold_secs: how long a measured capacity is kept once no interval is
-      saturated any more (lulls, idle periods, a restarted server); after
-      that the publisher goes back to the prior. At least window_secs.
+      saturated any more (lulls, idle periods, a restarted server), and how
+      long the publisher remembers the load it served. After that it
+      estimates the capacity again as before its first measurement, at most
+      twice what it measured. At least window_secs.
     target_utilization: in (0, 1]. The published value is the capacity times
       this: 0.8 leaves a fifth of every server as headroom, so that the pool
       grows before its servers saturate. 1 (the default) leaves none.
     max_running_requests: optional. The most requests the server runs at
-      once (vLLM's ``max_num_seqs``), for the prior: the value published
-      before the first saturated interval is this (or less, when the cache
-      would be full first) divided by the mean size of the batches sent so
-      far.
-    batch_size: optional. The batch size the prior assumes before the first
-      batch is sent. Without it, nothing is published before the first
-      batch.
+      once (vLLM's ``max_num_seqs``), for the prior: an upper bound on the
+      capacity before the first measurement, in batches of the requests the
+      server holds per batch in flight.
     saturated_cache_usage: in (0, 1]. An interval is saturated when the
       server's cache usage is at least this at both ends.
+    saturated_queue_secs: an interval is saturated when requests of at least
+      two batches have waited at every scrape for this long, while the
+      server's running count stayed within 10%.
+    settle_secs: before its first measurement, the publisher publishes
+      nothing until the load it serves has stopped growing for this long, so
+      that a worker still taking its share of the load does not report a
+      fraction of it.
   """
   poll_interval_secs: float = 5
   window_secs: float = 300
   hold_secs: float = 3600
   target_utilization: float = 1.0
   max_running_requests: Optional[int] = None
-  batch_size: Optional[int] = None
   saturated_cache_usage: float = 0.9
+  saturated_queue_secs: float = 60
+  settle_secs: float = 180
 
   def __post_init__(self):
     _check_positive('poll_interval_secs', self.poll_interval_secs)
@@ -151,9 +181,9 @@ class AutoscalingConfig:
     if self.max_running_requests is not None:
       _check_positive(
           'max_running_requests', self.max_running_requests, integer=True)
-    if self.batch_size is not None:
-      _check_positive('batch_size', self.batch_size, integer=True)
     _check_fraction('saturated_cache_usage', self.saturated_cache_usage)
+    _check_positive('saturated_queue_secs', self.saturated_queue_secs)
+    _check_positive('settle_secs', self.settle_secs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +199,10 @@ class ServerMetricNames:
       (put back to waiting) because its cache was full.
     finished: optional. The counter of requests the server finished, over
       all its labels. When given, the server is measured only once it has
-      finished a request: until then all its requests are young, hold
-      little of the cache, and a server whose cache bounds it runs more of
-      them than it will once they have grown.
+      finished as many requests as it runs: until then its requests are
+      young, hold little of the cache, and a server whose cache bounds it
+      runs more of them than it will once they have grown; and a restarted
+      server is still taking in the load that waited for it.
   """
   running: str
   waiting: str
@@ -197,6 +228,7 @@ class _Scrape(NamedTuple):
   cache_usage: Optional[float]
   preemptions: Optional[float]
   batches: int
+  requests: int
 
 
 def _read_samples(text: str, prefixes: tuple) -> dict[str, list[float]]:
@@ -231,42 +263,55 @@ class PrometheusNumLoadedModelsPublisher:
   ``BeamML_ModelManager``, where RunInference's model manager publishes how
   many models a worker has loaded, at every poll.
 
-  What it publishes is capacity, not load. The server's running count says
-  how many requests it serves at once only when it is saturated: when
-  requests wait at both ends of the interval between two scrapes, or its
-  cache usage is at least ``config.saturated_cache_usage`` at both ends, or
-  it preempted requests in between. Below saturation the running count is
-  just the load, so such intervals are not measured. With
-  ``metric_names.finished``, neither are those before the server finished
-  its first request, whose requests are all young. In a saturated
-  interval the server serves ``running`` of the ``running + waiting``
-  requests it holds, which belong to the ``batches`` batches that the
-  client has in flight (``batch_started`` less ``batch_finished``), so it
-  serves ``running * batches / (running + waiting)`` batches at once: the
-  mean over both ends is one sample. Counting the batches in flight, rather
-  than dividing by the size of the batches sent, counts a batch whose last
-  requests still run, as RunInference waits for all of them. The capacity
-  is the median of the samples of the last ``config.window_secs``.
+  What it publishes is capacity, not load, and it measures it only while
+  the server is saturated, when its running count is what it can run rather
+  than what it is given. An interval between two scrapes is saturated when
+  the server's cache usage is at least ``config.saturated_cache_usage`` at
+  both ends, or it preempted requests in between, or requests of at least
+  two of the batches in flight have waited at every scrape for
+  ``config.saturated_queue_secs`` while its running count stayed within
+  10%. Two batches, because a server prefilling long prompts makes the
+  requests of the batch it is taking in wait for each other however idle
+  it is; a steady running count, because a server still taking in a load
+  that arrived at once also has a queue for a while. With
+  ``metric_names.finished``, the server is measured only once it has
+  finished as many requests as it runs.
 
-  Once no interval is saturated (the load fell, the server idles or
-  restarted), the last capacity is held for ``config.hold_secs``; after that,
-  and before the first saturated interval, the publisher publishes its prior:
-  ``config.max_running_requests``, capped by the running count at which the
-  cache would be full (the median over the window of running / cache
-  usage), divided by the mean size of the batches sent so far
-  (``config.batch_size`` before the first). Without either, it publishes
-  nothing until it has measured: never 1 for "unknown". The published value
-  is the capacity times ``config.target_utilization``, rounded, and at
-  least 1.
+  The batches come from the client's own count of the batches in flight
+  (``batch_started`` less ``batch_finished``) and of their requests: the
+  requests waiting at a saturated server are whole batches behind the ones
+  it serves, so it serves ``batches * (1 - waiting / requests)`` batches at
+  once (the mean over both ends is one sample). Counting the batches in
+  flight counts a batch whose last requests still run, as RunInference
+  waits for all of them, where dividing the running count by the size of
+  the batches sent would not. The capacity is the median of the samples of
+  the last ``config.window_secs``; it moves only when that median differs
+  from it by more than 10%. Once no interval is saturated (the load fell,
+  the server idles or restarted), it is held for ``config.hold_secs``.
 
-  A scrape that fails (unreachable server, an HTTP error, a page larger than
-  2 MiB, text that does not parse, a metric that is missing, not finite or
-  negative) is logged and changes nothing: polling goes on and the last
-  value is published again. A counter that goes down was reset.
-  ``set_metrics_url`` points the publisher at a restarted server and keeps
-  what it measured. ``stop()`` publishes 0 and ends the thread within 2
-  seconds, whatever the server does; so does the collection of ``owner``,
-  without waiting.
+  Before the first measurement the publisher estimates the capacity from
+  above and from below. From above, its prior: ``max_running_requests``
+  over the requests the server holds per batch in flight (over the hold;
+  the mean size of the batches sent before the server held any). From
+  below, the most batches it has had in flight without
+  saturating during the hold, ``load``: it serves at least that many. It
+  publishes ``min(prior, max(1.5 * load, sqrt(load * prior)))``, or
+  ``2 * load`` without a prior: in a pool that has never saturated, each
+  autoscaling decision then shrinks the pool until its servers saturate,
+  which measures them, without a worker offering more than twice what it
+  has served. It publishes nothing before its load has stopped growing for
+  ``config.settle_secs``, nor without load: never 1 for "unknown". After the
+  hold it estimates again, offering at most twice the capacity it measured.
+
+  The published value is the capacity times ``config.target_utilization``,
+  rounded, and at least 1. A scrape that fails (unreachable server, an HTTP
+  error, a page larger than 2 MiB, text that does not parse, a metric that
+  is missing, not finite or negative) is logged and changes nothing:
+  polling goes on and the last value is published again. A counter that
+  goes down was reset. ``set_metrics_url`` points the publisher at a
+  restarted server and keeps what it measured. ``stop()`` publishes 0 and
+  ends the thread within 2 seconds, whatever the server does; so does the
+  collection of ``owner``, without waiting.
 
   Args:
     metrics_url: the server's Prometheus text endpoint, e.g.
@@ -345,8 +390,9 @@ class PrometheusNumLoadedModelsPublisher:
         name + end for name in wanted for end in ('{', ' '))
     self._counter_values: dict[str, float] = {}
     self._lock = threading.Lock()
-    # Guarded by _lock: the batches in flight and the batches sent.
+    # Guarded by _lock: the batches and requests in flight, and those sent.
     self._batches_in_flight = 0
+    self._requests_in_flight = 0
     self._batches_sent = 0
     self._requests_sent = 0
     # The socket of the scrape in progress, which stop() may cut.
@@ -354,12 +400,24 @@ class PrometheusNumLoadedModelsPublisher:
     self._aborted = False
     # The polling thread's own state.
     self._last: Optional[_Scrape] = None
+    # (time, running) of the scrapes since they began to find the server
+    # queueing, every time.
+    self._queued: collections.deque = collections.deque()
+    # (time, batches the server served at once) of the saturated intervals
+    # of the window.
     self._samples: collections.deque = collections.deque()
-    # (time, running / cache usage): the running count at which the cache
-    # would be full, at the requests' current sizes.
-    self._cache_limits: collections.deque = collections.deque()
-    self._cache_limit: Optional[float] = None
+    self._new_samples = False
+    # (time, batches in flight, requests the server held) of the scrapes of
+    # the hold with batches in flight, and their sums.
+    self._sizes: collections.deque = collections.deque()
+    self._held_batches = 0
+    self._held_requests = 0.0
+    # (time, batches in flight) of the unsaturated scrapes of the hold, each
+    # more than any after it: the first is the most of the hold.
+    self._loads: collections.deque = collections.deque()
+    self._load_rose_at = -math.inf
     self._capacity: Optional[float] = None
+    self._measured: Optional[float] = None
     self._measured_at = -math.inf
     self._problem: Optional[str] = None
     self._value: Optional[int] = None
@@ -384,6 +442,7 @@ class PrometheusNumLoadedModelsPublisher:
     self._check_batch(num_requests)
     with self._lock:
       self._batches_in_flight += 1
+      self._requests_in_flight += num_requests
       self._batches_sent += 1
       self._requests_sent += num_requests
 
@@ -393,6 +452,7 @@ class PrometheusNumLoadedModelsPublisher:
     self._check_batch(num_requests)
     with self._lock:
       self._batches_in_flight = max(0, self._batches_in_flight - 1)
+      self._requests_in_flight = max(0, self._requests_in_flight - num_requests)
 
   @staticmethod
   def _check_batch(num_requests: int) -> None:
@@ -464,65 +524,90 @@ class PrometheusNumLoadedModelsPublisher:
     now = self._scrape()
     if now is None:
       now = self._clock()
-    cutoff = now - self._config.window_secs
-    for window in (self._samples, self._cache_limits):
-      while window and window[0][0] < cutoff:
-        window.popleft()
-    if self._samples:
-      self._capacity = statistics.median(s for _, s in self._samples)
-    elif now - self._measured_at > self._config.hold_secs:
-      if self._capacity is not None:
-        _LOGGER.info(
-            'Publisher %s saw no saturated interval for %s s; it publishes '
-            'its prior until it measures again.',
-            self._tag,
-            self._config.hold_secs)
+    if self._expire(now) and self._samples:
+      median = statistics.median(s for _, s in self._samples)
+      if (self._capacity is None or
+          abs(median - self._capacity) > _STABILITY * self._capacity):
+        self._capacity = median
+      self._measured = self._capacity
+    elif (self._capacity is not None and
+          now - self._measured_at > self._config.hold_secs):
+      _LOGGER.info(
+          'Publisher %s saw no saturated interval for %s s; it estimates '
+          'the capacity again until it measures.',
+          self._tag,
+          self._config.hold_secs)
       self._capacity = None
-    capacity = self._capacity if self._capacity is not None else self._prior()
-    if capacity is not None:
+    capacity = self._capacity
+    if capacity is None:
+      capacity = self._estimate()
+    if capacity is not None and math.isfinite(capacity):
       self._publish(
           max(1, int(capacity * self._config.target_utilization + 0.5)))
 
+  def _expire(self, now: float) -> bool:
+    """Forgets the samples older than the window, and the loads and sizes
+    older than the hold; returns whether the samples changed since the last
+    call."""
+    changed, self._new_samples = self._new_samples, False
+    cutoff = now - self._config.window_secs
+    while self._samples and self._samples[0][0] < cutoff:
+      self._samples.popleft()
+      changed = True
+    cutoff = now - self._config.hold_secs
+    while self._loads and self._loads[0][0] < cutoff:
+      self._loads.popleft()
+    while self._sizes and self._sizes[0][0] < cutoff:
+      _, batches, held = self._sizes.popleft()
+      self._held_batches -= batches
+      self._held_requests -= held
+    return changed
+
   def _prior(self) -> Optional[float]:
-    """The capacity in batches before the first saturated interval."""
-    if self._cache_limits:
-      self._cache_limit = statistics.median(s for _, s in self._cache_limits)
-    limits = [
-        limit
-        for limit in (self._config.max_running_requests, self._cache_limit)
-        if limit is not None
-    ]
-    if not limits:
+    """The most batches the server can serve at once by its configuration:
+    max_running_requests over the requests it holds per batch in flight."""
+    limit = self._config.max_running_requests
+    if limit is None:
       return None
-    with self._lock:
-      batches, requests = self._batches_sent, self._requests_sent
-    if batches and requests:
-      batch_size = requests / batches
-    elif self._config.batch_size is not None:
-      batch_size = self._config.batch_size
+    if self._held_batches:
+      size = self._held_requests / self._held_batches
     else:
+      with self._lock:
+        batches, requests = self._batches_sent, self._requests_sent
+      size = requests / batches if batches else 0
+    return limit / size if size > 0 else None
+
+  def _estimate(self) -> Optional[float]:
+    """The capacity to publish while none is measured: between the most
+    batches served without queueing and the prior, at most twice the former
+    (and twice what was measured last), or None."""
+    if not self._loads:
       return None
-    return min(limits) / batch_size
+    now, load = self._loads[-1][0], self._loads[0][1]
+    if self._value is None and now - self._load_rose_at < (
+        self._config.settle_secs):
+      return None
+    prior = self._prior()
+    if prior is None:
+      value = _PROBE_WITHOUT_PRIOR * load
+    else:
+      value = min(prior, max(_PROBE * load, math.sqrt(load * prior)))
+    if self._measured is not None:
+      value = min(value, 2 * self._measured)
+    return value
 
   def _http_get(self, url: str) -> str:
     """GETs url with a bounded page size and socket operations that stop()
-    can cut."""
+    can cut, connecting included."""
     parts = urllib.parse.urlsplit(url)
     path = parts.path or '/'
     if parts.query:
       path += '?' + parts.query
+    host = parts.hostname or 'localhost'
     connection = http.client.HTTPConnection(
-        parts.hostname or 'localhost', parts.port, timeout=self._timeout)
+        host, parts.port, timeout=self._timeout)
     try:
-      if self._aborted:
-        raise ConnectionAbortedError('The publisher is stopping.')
-      connection.connect()
-      with self._lock:
-        if self._aborted:
-          raise ConnectionAbortedError('The publisher is stopping.')
-        # The response keeps reading from this socket after the connection
-        # hands it over.
-        self._socket = connection.sock
+      connection.sock = self._connect(host, parts.port or 80)
       connection.request('GET', path)
       response = connection.getresponse()
       if response.status != 200:
@@ -544,6 +629,31 @@ class PrometheusNumLoadedModelsPublisher:
         self._socket = None
       connection.close()
     return b''.join(chunks).decode('utf-8', errors='replace')
+
+  def _connect(self, host: str, port: int) -> socket.socket:
+    """A socket connected to host and port, which stop() can cut while it
+    connects: it is known to stop() before it connects."""
+    error: Optional[OSError] = None
+    for family, kind, protocol, _, address in socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM):
+      sock = socket.socket(family, kind, protocol)
+      with self._lock:
+        if self._aborted:
+          sock.close()
+          raise ConnectionAbortedError('The publisher is stopping.')
+        self._socket = sock
+      try:
+        sock.settimeout(self._timeout)
+        sock.connect(address)
+        return sock
+      except OSError as e:
+        with self._lock:
+          self._socket = None
+        sock.close()
+        if self._aborted:
+          raise ConnectionAbortedError('The publisher is stopping.') from e
+        error = e
+    raise error or OSError(f'cannot resolve {host!r}')
 
   def _scrape(self) -> Optional[float]:
     """Fetches and reads the server's metrics; returns the scrape's time, or
@@ -585,8 +695,9 @@ class PrometheusNumLoadedModelsPublisher:
 
   def _observe(self, now: float, values: Mapping[str,
                                                  list[float]]) -> Optional[str]:
-    """Adds a sample when the interval since the last scrape was saturated;
-    returns what is wrong with the metrics, if anything."""
+    """Adds a sample when the interval since the last scrape was saturated,
+    and notes the load otherwise; returns what is wrong with the metrics, if
+    anything."""
     names = self._names
     running = _total(values.get(names.running))
     waiting = _total(values.get(names.waiting))
@@ -604,36 +715,59 @@ class PrometheusNumLoadedModelsPublisher:
       ]
       return f'no finite, non-negative {" or ".join(bad)}'
     with self._lock:
-      batches = self._batches_in_flight
-    current = _Scrape(now, running, waiting, cache_usage, preemptions, batches)
+      batches, requests = self._batches_in_flight, self._requests_in_flight
+    current = _Scrape(
+        now, running, waiting, cache_usage, preemptions, batches, requests)
     self._last = current
-    if cache_usage and running:
-      self._cache_limits.append((now, running / cache_usage))
+    if last is None or not _queued(current):
+      self._queued.clear()
+    if _queued(current):
+      self._queued.append((now, running))
+    if batches and running + waiting:
+      self._sizes.append((now, batches, running + waiting))
+      self._held_batches += batches
+      self._held_requests += running + waiting
     if last is None or current.time <= last.time:
       return None
     warm = True
     if names.finished:
-      warm = bool(_total(values.get(names.finished)))
+      finished = _total(values.get(names.finished))
+      warm = finished is not None and finished > 0 and finished >= running
     if warm and self._saturated(last, current):
-      ends = [
-          end.running * end.batches / (end.running + end.waiting)
-          for end in (last, current) if end.batches and end.running
-      ]
-      if ends:
-        self._samples.append((now, sum(ends) / len(ends)))
+      ends = [_served(end) for end in (last, current)]
+      served = [end for end in ends if end is not None]
+      if served:
+        self._samples.append((now, sum(served) / len(served)))
+        self._new_samples = True
         self._measured_at = now
+    elif batches and not _queued(current):
+      self._note_load(now, batches)
     return None
 
+  def _note_load(self, now: float, batches: int) -> None:
+    """Notes that the server served batches without queueing."""
+    loads = self._loads
+    if not loads or batches > loads[0][1]:
+      self._load_rose_at = now
+    while loads and loads[-1][1] <= batches:
+      loads.pop()
+    loads.append((now, batches))
+
   def _saturated(self, first: _Scrape, second: _Scrape) -> bool:
-    if first.waiting > 0 and second.waiting > 0:
-      return True
     threshold = self._config.saturated_cache_usage
     if (first.cache_usage is not None and second.cache_usage is not None and
         min(first.cache_usage, second.cache_usage) >= threshold):
       return True
-    return (
-        first.preemptions is not None and second.preemptions is not None and
-        second.preemptions > first.preemptions)
+    if (first.preemptions is not None and second.preemptions is not None and
+        second.preemptions > first.preemptions):
+      return True
+    queued = self._queued
+    span = self._config.saturated_queue_secs
+    if not queued or second.time - queued[0][0] < span:
+      return False
+    while len(queued) > 1 and second.time - queued[1][0] >= span:
+      queued.popleft()
+    return second.running <= _PLATEAU * queued[0][1]
 
   def _publish(self, value: int) -> None:
     self._value = value
@@ -651,9 +785,29 @@ class PrometheusNumLoadedModelsPublisher:
     self._problem = problem
 
 
+def _queued(scrape: _Scrape) -> bool:
+  """Whether requests of two batches in flight, or more, wait."""
+  return bool(
+      scrape.batches and
+      scrape.waiting * scrape.batches >= _QUEUED_BATCHES * scrape.requests)
+
+
+def _served(scrape: _Scrape) -> Optional[float]:
+  """The batches a saturated server serves at once: those in flight less the
+  whole batches whose requests wait (as many as the waiting requests over the
+  requests per batch in flight)."""
+  if not scrape.batches or not scrape.requests or not scrape.running:
+    return None
+  served = scrape.batches * (1 - scrape.waiting / scrape.requests)
+  return served if served > 0 else None
+
+
 def _total(values: Optional[list[float]]) -> Optional[float]:
   """The sum of a metric's samples; None when it has none, or one that is not
   finite or is negative."""
-  if not values or not all(math.isfinite(v) and v >= 0 for v in values):
+  if not values:
     return None
-  return sum(values)
+  total = sum(values) if len(values) > 1 else values[0]
+  if not math.isfinite(total) or min(values) < 0:
+    return None
+  return total

@@ -21,6 +21,7 @@ import heapq
 import http.server
 import math
 import random
+import socket
 import threading
 import time
 import unittest
@@ -57,7 +58,13 @@ def process_wide_counter(namespace, name):
 
 
 def vllm_text(
-    running, waiting, usage=0.0, preemptions=0, finished=1, hits=0, queries=0):
+    running,
+    waiting,
+    usage=0.0,
+    preemptions=0,
+    finished=10000,
+    hits=0,
+    queries=0):
   """A page like vLLM's /metrics."""
   return '\n'.join([
       '# HELP vllm:num_requests_running Requests in model execution.',
@@ -82,22 +89,30 @@ def vllm_text(
 
 
 class _Request:
-  __slots__ = ('prompt', 'left', 'generated', 'start', 'batch', 'entry')
+  __slots__ = (
+      'prompt', 'left', 'generated', 'start', 'batch', 'entry', 'prefill')
 
   def __init__(self, prompt, length, batch):
     self.prompt, self.left, self.generated = prompt, length, 0
-    self.start, self.batch, self.entry = 0.0, batch, None
+    self.start, self.batch, self.entry, self.prefill = 0.0, batch, None, 0.0
 
 
 class SimulatedVLLM:
   """A vLLM server in simulated time, advanced event by event.
 
   Continuous batching: up to max_num_seqs requests run, the others wait in a
-  FIFO queue. Every step generates one token for each running request and
-  takes step_secs + per_seq_secs * running seconds. The KV cache holds
+  FIFO queue. Every step generates one token for each decoding request and
+  takes step_secs + per_seq_secs * decoding seconds. The KV cache holds
   kv_tokens tokens: the prompt and generated tokens of every running request;
-  a request is admitted when it fits below 99% of it, and when the cache is
-  full the request admitted last is preempted, back at the head of the queue.
+  a request is admitted when its prompt fits below 99% of it, and when the
+  cache is full the request admitted last is preempted, back at the head of
+  the queue, to be computed again.
+
+  With a prefill_budget (chunked prefill), a step also prefills up to
+  prefill_budget - decoding prompt tokens, at prefill_token_secs each, of
+  one admitted request at a time, which runs but generates no token until
+  its prompt is done; the requests behind it wait. Without, a prompt is
+  computed as the request is admitted.
   """
   def __init__(
       self,
@@ -106,20 +121,33 @@ class SimulatedVLLM:
       prompt_tokens=400,
       step_secs=0.08,
       per_seq_secs=0.001,
+      prefill_budget=None,
+      prefill_token_secs=0.0,
       now=0.0):
     self.max_num_seqs, self.kv_tokens = max_num_seqs, kv_tokens
     self.prompt_tokens = prompt_tokens
     self.step_secs, self.per_seq_secs = step_secs, per_seq_secs
-    self.time, self.tokens = now, 0.0  # tokens generated per running request
+    self.prefill_budget = prefill_budget
+    self.prefill_token_secs = prefill_token_secs
+    # tokens: how many steps the decoding requests have taken.
+    self.time, self.tokens = now, 0.0
     self.heap, self.admitted = [], []
     self.waiting = collections.deque()
-    self.num_running, self.base = 0, 0.0  # KV used = base + running * tokens
-    self.finished = self.preemptions = 0
-    self.entries = 0
-    self.running_time = 0.0  # the integral of the running count
+    self.prefilling = None
+    # KV used = base + decoding * tokens + what the prefill has computed.
+    self.decoding, self.base = 0, 0.0
+    self.finished = self.preemptions = self.entries = 0
+
+  @property
+  def running(self):
+    return self.decoding + (self.prefilling is not None)
 
   def used(self):
-    return self.base + self.num_running * self.tokens
+    used = self.base + self.decoding * self.tokens
+    if self.prefilling is not None:
+      request = self.prefilling
+      used += request.prompt + request.generated - request.prefill
+    return used
 
   def submit(self, batch, lengths):
     for length in lengths:
@@ -127,56 +155,82 @@ class SimulatedVLLM:
     self._admit()
 
   def _admit(self):
-    while self.waiting and self.num_running < self.max_num_seqs:
-      request = self.waiting[0]
-      need = request.prompt + request.generated
-      if self.used() + need > 0.99 * self.kv_tokens:
+    waiting, chunked = self.waiting, self.prefill_budget is not None
+    used, room = self.used(), 0.99 * self.kv_tokens
+    while waiting and self.decoding < self.max_num_seqs:
+      if chunked and self.prefilling is not None:
         return
-      self.waiting.popleft()
-      request.start = self.tokens
-      self.entries += 1
-      request.entry = self.entries
-      self.base += need - self.tokens
-      self.num_running += 1
-      heapq.heappush(
-          self.heap, (self.tokens + request.left, request.entry, request))
-      self.admitted.append(request)
+      request = waiting[0]
+      need = request.prompt + request.generated
+      if used + need > room:
+        return
+      waiting.popleft()
+      used += need
+      if chunked:
+        request.prefill = need
+        self.prefilling = request
+        return
+      self._decode(request)
+
+  def _decode(self, request):
+    request.start = self.tokens
+    self.entries += 1
+    request.entry = self.entries
+    self.base += request.prompt + request.generated - self.tokens
+    self.decoding += 1
+    heapq.heappush(
+        self.heap, (self.tokens + request.left, request.entry, request))
+    self.admitted.append(request)
 
   def advance(self, until):
     """Runs the server until the time until."""
-    while self.num_running:
-      step = self.step_secs + self.per_seq_secs * self.num_running
-      while self.heap[0][2].entry != self.heap[0][1]:
-        heapq.heappop(self.heap)
-      done_at = self.heap[0][0]
-      full_at = (self.kv_tokens - self.base) / self.num_running
-      event = min(done_at, full_at)
-      event_time = self.time + (event - self.tokens) * step
-      if event_time > until:
+    heap, kv_tokens = self.heap, self.kv_tokens
+    step_secs, per_seq_secs = self.step_secs, self.per_seq_secs
+    while self.decoding or self.prefilling is not None:
+      decoding, head = self.decoding, self.prefilling
+      step = step_secs + per_seq_secs * decoding
+      steps, event, rate = math.inf, None, 0.0
+      used = self.base + decoding * self.tokens
+      if decoding:
+        while heap[0][2].entry != heap[0][1]:
+          heapq.heappop(heap)
+        steps, event = heap[0][0] - self.tokens, 'done'
+      if head is not None:
+        used += head.prompt + head.generated - head.prefill
+        rate = max(1.0, self.prefill_budget - decoding)
+        step += self.prefill_token_secs * rate
+        if head.prefill / rate < steps:
+          steps, event = head.prefill / rate, 'prefilled'
+      if decoding and (kv_tokens - used) / (decoding + rate) < steps:
+        steps, event = max(0.0, (kv_tokens - used) / (decoding + rate)), 'full'
+      at = self.time + steps * step
+      if at > until:
+        steps = (until - self.time) / step
+        event = None
+      self.tokens += steps
+      if head is not None:
+        head.prefill -= steps * rate
+      if event is None:
         break
-      self.running_time += (event_time - self.time) * self.num_running
-      self.time, self.tokens = event_time, event
-      if done_at <= full_at:
-        self._finish(heapq.heappop(self.heap)[2])
+      self.time = at
+      if event == 'done':
+        request = heapq.heappop(heap)[2]
+        self._remove(request)
+        self.finished += 1
+        request.batch.request_done(at)
+      elif event == 'prefilled':
+        self.prefilling = None
+        self._decode(head)
       else:
         self._preempt()
       if self.waiting:
         self._admit()
-    if self.num_running:
-      step = self.step_secs + self.per_seq_secs * self.num_running
-      self.tokens += (until - self.time) / step
-      self.running_time += (until - self.time) * self.num_running
     self.time = until
 
   def _remove(self, request):
-    self.num_running -= 1
+    self.decoding -= 1
     self.base -= request.prompt + request.generated - request.start
     request.entry = None
-
-  def _finish(self, request):
-    self._remove(request)
-    self.finished += 1
-    request.batch.request_done(self.time)
 
   def _preempt(self):
     request = self.admitted.pop()
@@ -189,10 +243,20 @@ class SimulatedVLLM:
     self.waiting.appendleft(request)
     self.preemptions += 1
 
+  def _requests(self):
+    requests = [r for _, entry, r in self.heap if r.entry == entry]
+    if self.prefilling is not None:
+      requests.append(self.prefilling)
+    return requests
+
+  def running_batches(self):
+    """How many batches have a request running."""
+    return len({request.batch for request in self._requests()})
+
   def fail_all(self):
     """A crash: every request of the server fails."""
     batches = {r.batch for r in self.waiting}
-    batches.update(r.batch for _, entry, r in self.heap if r.entry == entry)
+    batches.update(r.batch for r in self._requests())
     for batch in batches:
       batch.fail(self.time)
 
@@ -205,7 +269,7 @@ class SimulatedVLLM:
         'vllm:kv_cache_usage_perc %r\n'
         'vllm:num_preemptions_total %d\n'
         'vllm:request_success_total %d\n' % (
-            self.num_running,
+            self.running,
             len(self.waiting),
             self.used() / self.kv_tokens,
             self.preemptions,
@@ -213,11 +277,10 @@ class SimulatedVLLM:
 
 
 class _Batch:
-  __slots__ = ('thread', 'worker', 'left', 'size', 'done')
+  __slots__ = ('owner', 'thread', 'left', 'done')
 
-  def __init__(self, thread, worker, size):
-    self.thread, self.worker, self.left, self.size = thread, worker, size, size
-    self.done = False
+  def __init__(self, owner, thread, size):
+    self.owner, self.thread, self.left, self.done = owner, thread, size, False
 
   def request_done(self, now):
     self.left -= 1
@@ -227,83 +290,181 @@ class _Batch:
   def fail(self, now):
     if not self.done:
       self.done = True
-      self.worker.batch_done(self, now)
+      self.owner.batch_done(self, now)
 
 
-# The servers of the three capacity cases, and the prior the vLLM handlers
-# give the publisher: max_num_seqs when vllm_server_kwargs sets it, and when
-# it does not, vLLM's own default for the machine (128 on a CPU).
-CASES = {
-    'max_num_seqs': dict(max_num_seqs=256, kv_tokens=10**7, prior=256),
-    'kv_cache': dict(max_num_seqs=256, kv_tokens=50000, prior=256),
-    'unknown_max_num_seqs': dict(max_num_seqs=128, kv_tokens=10**7, prior=128),
-}
 BATCH = 8
 THREADS = 48
 TICK_SECS = 60
+# A worker the autoscaler adds answers after this long: a VM starts, then
+# its vLLM server loads the model.
+STARTUP_SECS = 180
+
+# The simulated servers, and the prior (max_running_requests) the
+# publisher gets. Every case runs every goal at the default settings, and
+# in all but the first the prior is not the server's real concurrency, so
+# that only measurement passes them.
+CASES = {
+    # vllm_server_kwargs sets max-num-seqs 256, which bounds the server: 32
+    # batches of 8 run at once.
+    'max_num_seqs': dict(max_num_seqs=256, kv_tokens=10**7, prior=256),
+    # The KV cache runs out with fewer than half as many requests: the prior
+    # (256) is 2.8 times too high.
+    'kv_cache': dict(max_num_seqs=256, kv_tokens=50000, prior=256),
+    # No max-num-seqs is given, so the handler gives the server the default
+    # it assumes (256), and prompts of 3,000 tokens prefilled in chunks of
+    # 2,048 tokens a step bound it instead: requests wait to be prefilled
+    # far below its capacity, and the prior is 1.6 times too high.
+    'max_num_seqs_not_given': dict(
+        max_num_seqs=256,
+        kv_tokens=10**7,
+        prompt_tokens=3000,
+        prefill_budget=2048,
+        step_secs=0.06,
+        per_seq_secs=0.0008,
+        prefill_token_secs=0.00008,
+        lengths=(150, 250),
+        prior=256),
+    # A prior twice the server's concurrency: 256 for a server that runs 128.
+    'prior_2x_high': dict(max_num_seqs=128, kv_tokens=10**7,
+                          prior=256),  # No prior at all.
+    'no_prior': dict(max_num_seqs=128, kv_tokens=10**7, prior=None),
+    # Outputs of 20 to 400 tokens: a batch stays in flight until its longest
+    # request ends, so the server serves more batches than it runs requests
+    # over the batch size (16).
+    'stragglers': dict(
+        max_num_seqs=128, kv_tokens=10**7, lengths=(20, 400), prior=128),
+}
+SERVER_ARGS = (
+    'max_num_seqs',
+    'kv_tokens',
+    'prompt_tokens',
+    'step_secs',
+    'per_seq_secs',
+    'prefill_budget',
+    'prefill_token_secs')
+
+
+def new_server(case, now=0.0):
+  return SimulatedVLLM(
+      now=now, **{
+          k: v
+          for k, v in case.items() if k in SERVER_ARGS
+      })
+
+
+def draw_lengths(rng, case, count):
+  low, high = case.get('lengths', (380, 420))
+  draw = rng.random
+  return [low + int(draw() * (high - low + 1)) for _ in range(count)]
+
+
+def true_capacity(case):
+  """The simulator's own truth: how many batches have a request running, on
+  average, on one server kept saturated (64 batches in flight, at least
+  twice as many as any of the cases runs)."""
+  server = new_server(case)
+  rng = random.Random(1)
+
+  class Client:
+    def batch_done(self, batch, now):
+      server.submit(_Batch(self, None, BATCH), draw_lengths(rng, case, BATCH))
+
+  client = Client()
+  for _ in range(64):
+    server.submit(_Batch(client, None, BATCH), draw_lengths(rng, case, BATCH))
+  server.advance(600)
+  counts = []
+  for second in range(5, 1801, 5):
+    server.advance(600 + second)
+    counts.append(server.running_batches())
+  return sum(counts) / len(counts)
 
 
 class SimulatedWorker:
   """A worker: one simulated vLLM server and the real publisher, which polls
-  it with the simulation's clock."""
-  def __init__(self, pool, case, index):
-    self.pool, self.case, self.index = pool, case, index
-    self.server = None
+  it with the simulation's clock. It answers ready_at, and the publisher
+  starts then, as the handler starts it once vLLM answers."""
+  def __init__(self, loop, ready_at):
+    self.loop, self.ready_at = loop, ready_at
+    self.server = self.publisher = self.url = None
     self.in_flight = 0
     self.published = []  # (time, value)
-    self.measured = None  # the time of the first saturated interval
+    self.measured = None  # the time of its first saturated interval
+    self.overloaded_since = None
+    self.overloaded = None  # when it had been overloaded for 2 minutes
     self.down_until = None
-    self.url = None
-    self._start_server()
-    self.publisher = PrometheusNumLoadedModelsPublisher(
-        self.url,
-        f'sim-{uuid.uuid4().hex}',
-        VLLM_NAMES,
-        AutoscalingConfig(max_running_requests=case['prior']),
-        clock=lambda: pool.now,
-        fetch=pool.fetch)
+
+  @property
+  def ready(self):
+    return self.server is not None and self.down_until is None
 
   def _start_server(self):
-    self.server = SimulatedVLLM(
-        self.case['max_num_seqs'], self.case['kv_tokens'], now=self.pool.now)
-    self.url = f'http://127.0.0.1:{self.pool.next_port()}/metrics'
-    self.pool.servers[self.url] = self.server
+    loop = self.loop
+    self.server = new_server(loop.case, now=loop.now)
+    self.url = f'http://127.0.0.1:{loop.next_port()}/metrics'
+    loop.servers[self.url] = self.server
+    if self.publisher is None:
+      self.publisher = PrometheusNumLoadedModelsPublisher(
+          self.url,
+          f'sim-{uuid.uuid4().hex}',
+          VLLM_NAMES,
+          AutoscalingConfig(max_running_requests=loop.case['prior']),
+          clock=lambda: loop.now,
+          fetch=loop.fetch)
+    else:
+      # The vLLM server tells the publisher the restarted server's URL.
+      self.publisher.set_metrics_url(self.url)
 
-  def send(self, thread, now):
-    batch = _Batch(thread, self, BATCH)
+  def send(self, thread):
     self.in_flight += 1
     self.publisher.batch_started(BATCH)
-    self.server.submit(batch, self.pool.lengths(BATCH))
     thread.busy = True
+    self.server.submit(
+        _Batch(self, thread, BATCH),
+        draw_lengths(self.loop.rng, self.loop.case, BATCH))
 
   def batch_done(self, batch, now):
     self.in_flight -= 1
     self.publisher.batch_finished(BATCH)
-    self.pool.thread_free(batch.thread, self, now)
+    batch.thread.busy = False
+    self.loop.thread_free(batch.thread, self)
 
   def restart(self, down_secs):
     """The vLLM process dies; a new one answers down_secs later on a new
-    port, and the server tells the publisher its new URL."""
-    del self.pool.servers[self.url]
+    port."""
+    del self.loop.servers[self.url]
     self.server.fail_all()
-    self.down_until = self.pool.now + down_secs
+    self.down_until = self.loop.now + down_secs
 
   def step(self, now):
+    if self.server is None:
+      if now >= self.ready_at:
+        self._start_server()
+      return
     if self.down_until is not None:
       if now < self.down_until:
         return
       self.down_until = None
       self._start_server()
-      self.publisher.set_metrics_url(self.url)
-      self.pool.resend(self, now)
     self.server.advance(now)
 
-  def poll(self):
+  def poll(self, now):
+    if self.publisher is None:
+      return
     self.publisher._poll()
     if self.measured is None and self.publisher._samples:
-      self.measured = self.pool.now
+      self.measured = now
     if self.publisher.value is not None:
-      self.published.append((self.pool.now, self.publisher.value))
+      self.published.append((now, self.publisher.value))
+    # Overloaded: more than 1.25 times the batches it can serve in flight.
+    if self.ready and self.in_flight > 1.25 * self.loop.truth:
+      if self.overloaded_since is None:
+        self.overloaded_since = now
+      if self.overloaded is None and now - self.overloaded_since >= 120:
+        self.overloaded = now
+    else:
+      self.overloaded_since = None
 
 
 class _Thread:
@@ -315,25 +476,25 @@ class _Thread:
 
 class ClosedLoop:
   """A pool of simulated workers driven by closed-loop threads (each sends a
-  batch of BATCH requests and the next once all have answered, to the worker
-  it is assigned) and an autoscaler: every TICK_SECS, desired =
+  batch of BATCH requests and the next once all have answered, to the ready
+  worker it is assigned) and an autoscaler: every TICK_SECS, desired =
   ceil(batches in flight / value), clamped to 1..64, where value is the mean
-  of what the workers published since the last tick."""
-  def __init__(self, case, workers, seed=0, lengths=(380, 420), autoscale=True):
-    self.case = CASES[case] if isinstance(case, str) else case
-    self.autoscale = autoscale
+  of what the workers published since the last tick. The workers it adds
+  answer STARTUP_SECS later, and it removes the newest first, which gives a
+  worker that has not measured yet the least chance to."""
+  def __init__(self, case, workers, truth, seed=0, autoscale=True):
+    self.case, self.truth, self.autoscale = case, truth, autoscale
     self.now = 0.0
     self.rng = random.Random(seed)
-    self.length_range = lengths
     self.servers = {}
     self._ports = 20000
-    self.workers = []
+    self.workers = [SimulatedWorker(self, 0.0) for _ in range(workers)]
+    self.every_worker = list(self.workers)
     self.draining = []
+    self.ready = []
     self.threads = [_Thread(i) for i in range(256)]
     self.pending = []
     self.ticks = []  # (time, batches in flight, workers after the tick)
-    for _ in range(workers):
-      self._add_worker()
 
   def next_port(self):
     self._ports += 1
@@ -345,32 +506,14 @@ class ClosedLoop:
       raise ConnectionRefusedError(111, 'Connection refused')
     return server.metrics()
 
-  def lengths(self, count):
-    low, high = self.length_range
-    draw = self.rng.random
-    return [low + int(draw() * (high - low + 1)) for _ in range(count)]
-
-  def _add_worker(self):
-    self.workers.append(SimulatedWorker(self, self.case, len(self.workers)))
-
-  def assigned(self, thread):
-    return self.workers[thread.index % len(self.workers)]
-
-  def thread_free(self, thread, worker, now):
-    thread.busy = False
+  def thread_free(self, thread, worker):
     if not thread.active:
       return
-    target = self.assigned(thread)
-    if target is worker and worker.down_until is None:
-      worker.send(thread, now)
+    ready = self.ready
+    if ready and ready[thread.index % len(ready)] is worker:
+      worker.send(thread)
     else:
       self.pending.append(thread)
-
-  def resend(self, worker, now):
-    for thread in self.threads:
-      if thread.active and not thread.busy and self.assigned(thread) is worker:
-        worker.send(thread, now)
-    self.pending = [t for t in self.pending if not t.busy]
 
   def set_threads(self, count):
     for thread in self.threads:
@@ -389,10 +532,11 @@ class ClosedLoop:
     ]
     if values:
       value = sum(values) / len(values)
-      desired = math.ceil(self.in_flight() / value)
-      desired = min(64, max(1, desired))
+      desired = min(64, max(1, math.ceil(self.in_flight() / value)))
       while len(self.workers) < desired:
-        self._add_worker()
+        worker = SimulatedWorker(self, self.now + STARTUP_SECS)
+        self.workers.append(worker)
+        self.every_worker.append(worker)
       while len(self.workers) > desired:
         self.draining.append(self.workers.pop())
     self.ticks.append((self.now, self.in_flight(), len(self.workers)))
@@ -407,222 +551,32 @@ class ClosedLoop:
       for worker in self.workers + self.draining:
         worker.step(self.now)
       self.draining = [w for w in self.draining if w.in_flight]
+      ready = self.ready = [w for w in self.workers if w.ready]
       pending, self.pending = self.pending, []
       for thread in pending:
-        worker = self.assigned(thread)
         if thread.busy or not thread.active:
           continue
-        if worker.down_until is None:
-          worker.send(thread, self.now)
+        if ready:
+          ready[thread.index % len(ready)].send(thread)
         else:
           self.pending.append(thread)
       for worker in self.workers:
-        worker.poll()
+        worker.poll(self.now)
       if self.autoscale and self.now % TICK_SECS < 1e-9:
         self._tick()
 
-  def published(self, since=0.0):
+  def values(self, since, until=math.inf):
     return [
-        v for w in self.workers + self.draining for t, v in w.published
-        if t >= since
+        v for w in self.every_worker for t, v in w.published
+        if since <= t < until
     ]
 
 
-def saturated_running(case, lengths=(380, 420)):
-  """The simulated server's mean running count at saturation."""
-  server = SimulatedVLLM(case['max_num_seqs'], case['kv_tokens'])
-  rng = random.Random(1)
-  low, high = lengths
-
-  class Loop:
-    def batch_done(self, batch, now):
-      server.submit(_Batch(None, self, BATCH), draw())
-
-  def draw():
-    return [rng.randint(low, high) for _ in range(BATCH)]
-
-  loop = Loop()
-  for _ in range(64):
-    server.submit(_Batch(None, loop, BATCH), draw())
-  warmup = 20 * high * (server.step_secs + 256 * server.per_seq_secs)
-  server.advance(warmup)
-  start = server.running_time
-  server.advance(2 * warmup)
-  return (server.running_time - start) / warmup
-
-
-class ClosedLoopTest(unittest.TestCase):
-  """The real estimator against simulated vLLM servers and an autoscaler, at
-  the default settings; every goal in each of the three capacity cases."""
-  @classmethod
-  def setUpClass(cls):
-    cls.truth = {
-        case: saturated_running(config) / BATCH
-        for case, config in CASES.items()
-    }
-    cls.figures = {}
-
-  @classmethod
-  def tearDownClass(cls):
-    for line in sorted(cls.figures.items(), key=str):
-      print('closed loop %s: %s' % line)
-
-  def test_true_capacities(self):
-    self.assertAlmostEqual(self.truth['max_num_seqs'], 32, delta=0.5)
-    self.assertLessEqual(self.truth['kv_cache'], 16)
-    self.assertAlmostEqual(self.truth['unknown_max_num_seqs'], 16, delta=0.5)
-
-  def check_units(self, loop, truth):
-    """After a worker's first saturated interval, its value is never above
-    twice the true capacity, and never 1 or 0."""
-    for worker in loop.workers + loop.draining:
-      if worker.measured is None:
-        continue
-      after = [v for t, v in worker.published if t >= worker.measured]
-      if after:
-        self.assertLessEqual(max(after), 2 * truth)
-        self.assertGreater(min(after), 1)
-
-  def test_convergence_and_stability(self):
-    for case in CASES:
-      truth = self.truth[case]
-      target = math.ceil(THREADS / truth)
-      for start in (1, 4, 16, 48):
-        with self.subTest(case=case, start=start):
-          loop = ClosedLoop(case, start, seed=start)
-          loop.run(600, threads=THREADS)
-          converged = [t for t, _, n in loop.ticks if n == target]
-          self.assertTrue(converged, (case, start, loop.ticks))
-          # An hour: steady load, a lull, an idle period longer than the
-          # window, a burst of half as much again, steady again.
-          hour_start = loop.now
-          for secs, threads in ((900, THREADS), (600, 6), (600, 0),
-                                (600, THREADS * 3 // 2), (900, THREADS)):
-            loop.run(secs, threads=threads)
-          for t, in_flight, workers in loop.ticks:
-            if t > hour_start:
-              expected = max(1, math.ceil(in_flight / truth))
-              self.assertLessEqual(
-                  abs(workers - expected), 1, (case, start, t, loop.ticks))
-          self.check_units(loop, truth)
-          values = loop.published(since=converged[0])
-          self.figures[(case, start)] = (
-              'converged at %d s, %d workers (target %d); published after '
-              'min %d max %d; true capacity %.1f' %
-              (converged[0], target, target, min(values), max(values), truth))
-
-  def test_a_wrong_prior_is_corrected_by_measurement(self):
-    # The prior says 256 requests (vLLM's usual default) where the server
-    # runs 128: the pool shrinks until servers saturate, which measures them.
-    # A burst is left out: the workers it adds publish the prior until they
-    # saturate, which can leave the pool two workers short for two ticks.
-    case = dict(CASES['unknown_max_num_seqs'], prior=256)
-    truth = saturated_running(case) / BATCH
-    target = math.ceil(THREADS / truth)
-    for start in (1, 48):
-      with self.subTest(start=start):
-        loop = ClosedLoop(case, start, seed=start)
-        loop.run(600, threads=THREADS)
-        converged = [t for t, _, n in loop.ticks if n == target]
-        self.assertTrue(converged, (start, loop.ticks))
-        hour_start = loop.now
-        for secs, threads in ((600, THREADS), (300, 6), (400, 0),
-                              (600, THREADS)):
-          loop.run(secs, threads=threads)
-        for t, in_flight, workers in loop.ticks:
-          if t > hour_start:
-            expected = max(1, math.ceil(in_flight / truth))
-            self.assertLessEqual(abs(workers - expected), 1, (start, t))
-        self.check_units(loop, truth)
-        self.figures[('wrong_prior', start)] = (
-            'converged at %d s, %d workers' % (converged[0], target))
-
-  def test_holding_through_a_lull(self):
-    for case in CASES:
-      truth = self.truth[case]
-      with self.subTest(case=case):
-        loop = ClosedLoop(case, 1)
-        loop.run(300, threads=THREADS)
-        lull = loop.now
-        loop.run(3 * 300, threads=2)
-        values = loop.published(since=lull)
-        self.assertGreaterEqual(min(values), 0.75 * truth)
-        self.assertLessEqual(max(values), 1.25 * truth)
-        self.figures[(case, 'lull')] = (
-            'held %d to %d through 15 minutes at 2 threads' %
-            (min(values), max(values)))
-
-  def test_requests_longer_than_the_window(self):
-    # Outputs of 4,000 to 6,000 tokens take 6 to 10 minutes. In the KV case
-    # the cache is 6 times larger, as requests this long hold 6 times more.
-    lengths = (4000, 6000)
-    for name, config in CASES.items():
-      if name == 'kv_cache':
-        config = dict(config, kv_tokens=6 * config['kv_tokens'])
-      truth = saturated_running(config, lengths) / BATCH
-      with self.subTest(case=name):
-        loop = ClosedLoop(config, 1, lengths=lengths)
-        loop.run(3600, threads=THREADS)
-        self.check_units(loop, truth)
-        self.assertIsNotNone(loop.workers[0].measured)
-
-  def test_restart_keeps_the_value(self):
-    for case in CASES:
-      truth = self.truth[case]
-      target = math.ceil(THREADS / truth)
-      with self.subTest(case=case):
-        loop = ClosedLoop(case, 1)
-        loop.run(900, threads=THREADS)
-        worker = loop.workers[0]
-        before = worker.publisher.value
-        restart = loop.now
-        worker.restart(down_secs=90)
-        loop.run(900)
-        values = [v for t, v in worker.published if t > restart]
-        self.assertGreaterEqual(min(values), 0.75 * min(before, truth))
-        self.assertLessEqual(max(values), 1.25 * max(before, truth))
-        for t, _, workers in loop.ticks:
-          if t > restart:
-            self.assertLessEqual(abs(workers - target), 1)
-
-  def test_stragglers_count_as_batches_in_flight(self):
-    # Output lengths from 20 to 400 tokens: a batch holds its last requests
-    # long after the others finished, so the server serves more batches at
-    # once than its running count over the batch size (32 here).
-    lengths = (20, 400)
-    truth = threads_served_without_queueing(CASES['max_num_seqs'], lengths)
-    loop = ClosedLoop('max_num_seqs', 1, lengths=lengths, autoscale=False)
-    loop.run(1200, threads=96)
-    value = loop.workers[0].publisher.value
-    self.assertIsNotNone(loop.workers[0].measured)
-    self.assertGreater(truth, 1.25 * 256 / BATCH)
-    self.assertGreaterEqual(value, 0.75 * truth)
-    self.assertLessEqual(value, 1.25 * truth)
-    self.figures[('stragglers', 1)] = (
-        'published %d; one server serves %d threads with requests waiting '
-        'at under 10%% of its scrapes' % (value, truth))
-
-
-def threads_served_without_queueing(case, lengths):
-  """The most closed-loop threads one simulated server serves with requests
-  waiting at under 10% of its scrapes: its true capacity in batches."""
-  def queueing(threads):
-    loop = ClosedLoop(case, 1, seed=threads, lengths=lengths, autoscale=False)
-    loop.set_threads(threads)
-    waiting = []
-    for _ in range(240):
-      loop.run(5)
-      waiting.append(len(loop.workers[0].server.waiting) > 0)
-    return sum(waiting[60:]) / len(waiting[60:])
-
-  low, high = 8, 256  # served, not served
-  while high - low > 1:
-    middle = (low + high) // 2
-    if queueing(middle) < 0.1:
-      low = middle
-    else:
-      high = middle
-  return low
+# The hour after convergence: steady, an idle period longer than the window,
+# a burst of half as much again, a lull of 3 windows, and steady again, when
+# the first worker's vLLM restarts.
+HOUR = ((600, THREADS), (600, 0), (600, THREADS * 3 // 2), (900, 2),
+        (900, THREADS))
 
 
 class EstimatorTest(unittest.TestCase):
@@ -632,14 +586,13 @@ class EstimatorTest(unittest.TestCase):
     self.page = vllm_text(0, 0)
 
   def publisher(self, **config):
-    publisher = PrometheusNumLoadedModelsPublisher(
+    return PrometheusNumLoadedModelsPublisher(
         'http://sim/metrics',
         uuid.uuid4().hex,
         VLLM_NAMES,
         AutoscalingConfig(**config),
         clock=lambda: self.now,
         fetch=self.fetch)
-    return publisher
 
   def fetch(self, url):
     if isinstance(self.page, Exception):
@@ -651,121 +604,42 @@ class EstimatorTest(unittest.TestCase):
       self.now += secs
       publisher._poll()
 
-  def test_below_saturation_publishes_the_prior_not_the_load(self):
-    publisher = self.publisher(max_running_requests=256, batch_size=8)
-    for batches in (1, 2, 8, 25):
-      while publisher._batches_in_flight < batches:
-        publisher.batch_started(8)
-      self.page = vllm_text(8 * batches, 0)
-      self.poll(publisher, 3)
-      self.assertEqual(publisher.value, 32)
-    # The prior counts batches of the size sent: 256 requests in batches of 4.
-    for _ in range(25):
-      publisher.batch_started(0)
-    self.poll(publisher)
-    self.assertEqual(publisher.value, 64)
+  @staticmethod
+  def in_flight(publisher, batches, size=8):
+    """Starts or finishes batches of size requests until batches are in
+    flight."""
+    while publisher._batches_in_flight < batches:
+      publisher.batch_started(size)
+    while publisher._batches_in_flight > batches:
+      publisher.batch_finished(size)
 
-  def test_prior_assumes_the_batch_size_before_the_first_batch(self):
-    publisher = self.publisher(max_running_requests=256, batch_size=16)
-    self.poll(publisher)
-    self.assertEqual(publisher.value, 16)
+  def saturate(self, publisher, waiting=64, batches=24, running=128):
+    """Keeps requests of two batches or more waiting for a minute: the
+    server serves batches * (1 - waiting / (8 * batches)) batches."""
+    self.in_flight(publisher, batches)
+    self.page = vllm_text(running, waiting)
+    self.poll(publisher, 13)
 
-  def test_nothing_is_published_without_a_prior_until_measured(self):
-    publisher = self.publisher()
-    self.poll(publisher, 3)
+  def test_measures_the_batches_a_saturated_server_serves(self):
+    publisher = self.publisher(max_running_requests=256)
+    self.in_flight(publisher, 24)
+    self.page = vllm_text(128, 64)
+    # Requests of 8 of the 24 batches wait: a minute of that is saturation.
+    self.poll(publisher, 12)
     self.assertIsNone(publisher.value)
-    for _ in range(40):
-      publisher.batch_started(8)
-    self.page = vllm_text(160, 160)
-    self.poll(publisher, 2)
-    self.assertEqual(publisher.value, 20)
-
-  def test_saturation_by_waiting_cache_or_preemptions(self):
-    pages = {
-        'waiting': (vllm_text(128, 64), vllm_text(128, 64)),
-        'cache': (vllm_text(128, 0, usage=0.95), vllm_text(128, 0, 0.92)),
-        'preemptions': (
-            vllm_text(128, 0, preemptions=3), vllm_text(128, 0, preemptions=5)),
-        'waiting_at_one_end': (vllm_text(128, 64), vllm_text(128, 0)),
-        'cache_at_one_end': (vllm_text(128, 0, 0.95), vllm_text(128, 0, 0.5)),
-    }
-    expected = {
-        'waiting': 16,
-        'cache': 24,
-        'preemptions': 24,
-        'waiting_at_one_end': None,
-        # Not saturated: the cache usage gives a prior, the running count at
-        # which the cache would be full, in batches.
-        'cache_at_one_end': round((128 / 0.95 + 128 / 0.5) / 2 / 8),
-    }
-    for kind, (first, second) in pages.items():
-      with self.subTest(kind):
-        publisher = self.publisher()
-        for _ in range(24):
-          publisher.batch_started(8)
-        self.page = first
-        self.poll(publisher)
-        self.page = second
-        self.poll(publisher)
-        self.assertEqual(publisher.value, expected[kind])
-
-  def test_target_utilization_leaves_headroom(self):
-    publisher = self.publisher(max_running_requests=256, target_utilization=0.5)
-    for _ in range(24):
-      publisher.batch_started(8)
-    self.page = vllm_text(128, 64)
-    self.poll(publisher, 2)
-    self.assertEqual(publisher.value, 8)
-
-  def test_measurement_is_held_then_the_prior_returns(self):
-    publisher = self.publisher(max_running_requests=256)
-    for _ in range(24):
-      publisher.batch_started(8)
-    self.page = vllm_text(128, 64)
-    self.poll(publisher, 3)
+    self.poll(publisher)
     self.assertEqual(publisher.value, 16)
-    for _ in range(24):
-      publisher.batch_finished(8)
-    self.page = vllm_text(0, 0)
-    self.poll(publisher, 3599 // 5 - 2)
-    self.assertEqual(publisher.value, 16)
-    with self.assertLogs(autoscaling_metrics.__name__, 'INFO') as logs:
-      self.poll(publisher, 4)
-    self.assertIn('publishes its prior', '\n'.join(logs.output))
-    self.assertEqual(publisher.value, 32)
 
-  def test_window_median_follows_a_new_capacity(self):
+  def test_served_batches_count_a_batch_until_its_last_request(self):
+    # 40 batches of 8 in flight, of which the server still holds 200
+    # requests (120 running, 80 waiting): the 10 whole batches waiting are
+    # not served, the other 30 are. Running over the batch size would say
+    # 15, running over the share held 24.
     publisher = self.publisher(max_running_requests=256)
-    for _ in range(24):
-      publisher.batch_started(8)
-    self.page = vllm_text(96, 96)
-    self.poll(publisher, 60)
-    self.assertEqual(publisher.value, 12)
-    self.page = vllm_text(160, 32)
-    self.poll(publisher, 29)
-    self.assertEqual(publisher.value, 12)
-    self.poll(publisher, 3)
-    self.assertEqual(publisher.value, 20)
-
-  def test_bad_samples_are_missing_and_change_nothing(self):
-    publisher = self.publisher(max_running_requests=256)
-    for _ in range(24):
-      publisher.batch_started(8)
-    self.page = vllm_text(128, 64)
+    self.in_flight(publisher, 40)
+    self.page = vllm_text(120, 80, usage=0.95)
     self.poll(publisher, 2)
-    for page in (vllm_text('+Inf', 64),
-                 vllm_text(1e308, 'NaN'),
-                 vllm_text(-1, 64),
-                 '<html>502</html>',
-                 ConnectionRefusedError(111, 'refused')):
-      with self.subTest(page=repr(page)[:40]):
-        self.page = page
-        with self.assertLogs(autoscaling_metrics.__name__, 'WARNING'):
-          self.poll(publisher, 3)
-        self.assertEqual(publisher.value, 16)
-    self.page = vllm_text(160, 32)
-    self.poll(publisher, 2)
-    self.assertEqual(publisher.value, 18)
+    self.assertEqual(publisher.value, 30)
 
   def test_batches_in_flight_follow_started_and_finished(self):
     publisher = self.publisher(max_running_requests=256)
@@ -779,18 +653,213 @@ class EstimatorTest(unittest.TestCase):
     self.poll(publisher)
     self.assertEqual(publisher.value, 24)
 
+  def test_a_batch_waiting_to_be_prefilled_is_not_saturation(self):
+    # One batch's requests wait for each other, for ten minutes: the server
+    # is not measured (that would say 3), it is estimated from its load.
+    publisher = self.publisher(max_running_requests=256)
+    self.in_flight(publisher, 4)
+    self.page = vllm_text(24, 8)
+    self.poll(publisher, 120)
+    self.assertEqual(publisher.value, round(math.sqrt(4 * 32)))
+
+  def test_saturation_needs_the_queue_to_last(self):
+    for secs, expected in ((55, 2 * 24), (60, 16)):
+      with self.subTest(secs=secs):
+        # Without a prior the estimate is twice the load: 48.
+        publisher = self.publisher()
+        self.in_flight(publisher, 24)
+        self.page = vllm_text(128, 64)
+        self.poll(publisher, secs // 5 + 1)
+        self.page = vllm_text(128, 0)
+        self.poll(publisher, 40)
+        self.assertEqual(publisher.value, expected)
+
+  def test_a_server_still_taking_in_its_load_is_not_saturated(self):
+    publisher = self.publisher(max_running_requests=256)
+    self.in_flight(publisher, 24)
+    # The running count rises by half within the minute the queue lasts.
+    self.page = vllm_text(60, 120)
+    self.poll(publisher, 12)
+    self.page = vllm_text(90, 90)
+    self.poll(publisher, 12)
+    self.assertFalse(publisher._samples)
+    # Then it stays: saturated.
+    self.poll(publisher, 1)
+    self.assertEqual(publisher.value, round(24 * (1 - 90 / 192)))
+
+  def test_saturation_by_cache_or_preemptions(self):
+    pages = {
+        'cache': (vllm_text(128, 0, usage=0.95), vllm_text(128, 0, 0.92)),
+        'preemptions': (
+            vllm_text(128, 0, preemptions=3), vllm_text(128, 0, preemptions=5)),
+        'cache_at_one_end': (vllm_text(128, 0, 0.95), vllm_text(128, 0, 0.5)),
+        'not_turned_over': (
+            vllm_text(128, 0, 0.95, finished=127),
+            vllm_text(128, 0, 0.95, finished=127)),
+    }
+    expected = {
+        'cache': 24,
+        'preemptions': 24,
+        'cache_at_one_end': None,
+        # The server has not finished as many requests as it runs.
+        'not_turned_over': None,
+    }
+    for kind, (first, second) in pages.items():
+      with self.subTest(kind):
+        publisher = self.publisher(max_running_requests=256)
+        self.in_flight(publisher, 24)
+        self.page = first
+        self.poll(publisher)
+        self.page = second
+        self.poll(publisher)
+        self.assertEqual(publisher.value, expected[kind])
+
+  def test_capacity_moves_past_a_tenth(self):
+    publisher = self.publisher(max_running_requests=256)
+    self.saturate(publisher, waiting=64)
+    self.assertEqual(publisher.value, 16)
+    # A window of 17s: within a tenth of 16, the value stays.
+    self.page = vllm_text(128, 56)
+    self.poll(publisher, 70)
+    self.assertEqual(publisher.value, 16)
+    # A window of 18s: it moves.
+    self.page = vllm_text(128, 48)
+    self.poll(publisher, 70)
+    self.assertEqual(publisher.value, 18)
+
+  def test_window_median_follows_a_new_capacity(self):
+    publisher = self.publisher(max_running_requests=256)
+    self.saturate(publisher, waiting=96)
+    self.poll(publisher, 60)
+    self.assertEqual(publisher.value, 12)
+    # A new running count: a minute until it counts as saturated, then the
+    # median turns once the new samples outnumber the old.
+    self.page = vllm_text(160, 32)
+    self.poll(publisher, 35)
+    self.assertEqual(publisher.value, 12)
+    self.poll(publisher, 3)
+    self.assertEqual(publisher.value, 20)
+
+  def test_target_utilization_leaves_headroom(self):
+    publisher = self.publisher(max_running_requests=256, target_utilization=0.5)
+    self.saturate(publisher)
+    self.assertEqual(publisher.value, 8)
+
+  def test_measurement_is_held_then_estimated_again(self):
+    publisher = self.publisher(max_running_requests=256)
+    self.saturate(publisher)
+    self.assertEqual(publisher.value, 16)
+    measured_at = self.now
+    # Two batches, for an hour: the value holds.
+    self.in_flight(publisher, 2)
+    self.page = vllm_text(16, 0)
+    self.poll(publisher, 719)
+    self.assertEqual(self.now, measured_at + 3595)
+    self.assertEqual(publisher.value, 16)
+    with self.assertLogs(autoscaling_metrics.__name__, 'INFO') as logs:
+      self.poll(publisher, 2)
+    self.assertIn('estimates the capacity again', '\n'.join(logs.output))
+    # Then the estimate from the load (2 batches) and the prior (32).
+    self.assertEqual(publisher.value, round(math.sqrt(2 * 32)))
+
+  def test_estimate_after_a_measurement_is_at_most_twice_it(self):
+    publisher = self.publisher(max_running_requests=1024)
+    self.saturate(publisher)
+    self.assertEqual(publisher.value, 16)
+    # 20 batches without saturating for more than the hold: the estimate
+    # from the load and the prior (128) would say 51.
+    self.in_flight(publisher, 20)
+    self.page = vllm_text(160, 0)
+    self.poll(publisher, 730)
+    self.assertEqual(publisher.value, 32)
+
+  def test_estimate_lies_between_the_load_and_the_prior(self):
+    publisher = self.publisher(max_running_requests=256)
+    # Batches of 8, held whole by the server: the prior is 32.
+    for batches, expected in ((1, 6), (4, 11), (10, 18), (20, 30), (30, 32)):
+      with self.subTest(batches=batches):
+        self.in_flight(publisher, batches)
+        self.page = vllm_text(8 * batches, 0)
+        self.poll(publisher, 40)
+        self.assertEqual(publisher.value, expected)
+    # It keeps the most load of the hold.
+    self.in_flight(publisher, 2)
+    self.page = vllm_text(16, 0)
+    self.poll(publisher, 600)
+    self.assertEqual(publisher.value, 32)
+
+  def test_estimate_without_a_prior_is_twice_the_load(self):
+    # Not the running count at which the cache would be full: 40 / 1% is
+    # 4,000 requests, 500 batches.
+    publisher = self.publisher()
+    self.in_flight(publisher, 5)
+    self.page = vllm_text(40, 0, usage=0.01)
+    self.poll(publisher, 40)
+    self.assertEqual(publisher.value, 10)
+
+  def test_prior_counts_the_requests_held_per_batch(self):
+    # 30 batches of 8, of which the server holds 4 each: stragglers. The
+    # prior is 128 / 4 = 32 batches, where 128 / 8 would say 16.
+    publisher = self.publisher(max_running_requests=128)
+    self.in_flight(publisher, 30)
+    self.page = vllm_text(120, 0)
+    self.poll(publisher, 40)
+    self.assertEqual(publisher.value, 32)
+
+  def test_nothing_is_published_until_the_load_settles(self):
+    publisher = self.publisher(max_running_requests=256)
+    for batches in range(1, 11):
+      self.in_flight(publisher, batches)
+      self.page = vllm_text(8 * batches, 0)
+      self.poll(publisher, 12)
+      self.assertIsNone(publisher.value)
+    self.poll(publisher, 24)
+    self.assertIsNone(publisher.value)
+    self.poll(publisher, 1)
+    self.assertEqual(publisher.value, round(math.sqrt(10 * 32)))
+
+  def test_nothing_is_published_without_load(self):
+    publisher = self.publisher(max_running_requests=256)
+    self.poll(publisher, 720)
+    self.assertIsNone(publisher.value)
+
+  def test_bad_samples_are_missing_and_change_nothing(self):
+    publisher = self.publisher(max_running_requests=256)
+    self.saturate(publisher)
+    self.assertEqual(publisher.value, 16)
+    two_huge_series = (
+        'vllm:num_requests_running{engine="0"} 1e308\n'
+        'vllm:num_requests_running{engine="1"} 1e308\n'
+        'vllm:num_requests_waiting 64\n')
+    # Each a problem other than the one before, which the publisher logs.
+    pages = {
+        'infinite running': vllm_text('+Inf', 64),
+        'waiting not a number': vllm_text(128, 'NaN'),
+        'running summing to infinity': two_huge_series,
+        'html': '<html>502</html>',
+        'negative running': vllm_text(-1, 64),
+        'refused': ConnectionRefusedError(111, 'refused'),
+    }
+    for kind, page in pages.items():
+      with self.subTest(kind):
+        self.page = page
+        with self.assertLogs(autoscaling_metrics.__name__, 'WARNING'):
+          self.poll(publisher, 3)
+        self.assertEqual(publisher.value, 16)
+
   def test_a_restarted_server_spans_no_interval(self):
     publisher = self.publisher(max_running_requests=256)
-    for _ in range(24):
-      publisher.batch_started(8)
-    self.page = vllm_text(128, 64, preemptions=9)
-    self.poll(publisher, 2)
-    publisher.set_metrics_url('http://sim/other')
-    self.page = vllm_text(0, 0, preemptions=0)
-    self.poll(publisher, 3)
-    self.page = vllm_text(0, 0, preemptions=1)
+    self.in_flight(publisher, 24)
+    self.page = vllm_text(128, 0, usage=0.95, preemptions=0)
     self.poll(publisher)
-    self.assertEqual(publisher.value, 16)
+    publisher.set_metrics_url('http://sim/other')
+    # Between the last scrape of the old server and the first of the new
+    # one, preemptions went from 0 to 5: no interval, no sample.
+    self.page = vllm_text(128, 0, usage=0.95, preemptions=5)
+    self.poll(publisher)
+    self.assertFalse(publisher._samples)
+    self.poll(publisher)
+    self.assertEqual(publisher.value, 24)
 
 
 class _PageServer:
@@ -853,7 +922,8 @@ class ThreadTest(unittest.TestCase):
         AutoscalingConfig(
             poll_interval_secs=poll_interval_secs,
             max_running_requests=64,
-            batch_size=1),
+            saturated_queue_secs=0.1,
+            settle_secs=0.1),
         **kwargs)
     self.addCleanup(publisher.stop)
     publisher.start()
@@ -897,10 +967,32 @@ class ThreadTest(unittest.TestCase):
         publisher = self.start(server.url, poll_interval_secs=5)
         self.wait_until(lambda s=server: s.scrapes, 'a scrape')
         time.sleep(0.1)
-        started = time.monotonic()
-        publisher.stop()
-        self.assertLess(time.monotonic() - started, 2)
-        self.assertFalse(publisher.running)
+        self.check_stop_is_quick(publisher)
+
+  def test_stop_cuts_a_connection_being_made(self):
+    # A listener whose backlog is full: the publisher's connect() waits for
+    # an answer that never comes (up to its 2 s timeout).
+    listener = socket.socket()
+    self.addCleanup(listener.close)
+    listener.bind(('127.0.0.1', 0))
+    listener.listen(0)
+    for _ in range(3):
+      client = socket.socket()
+      self.addCleanup(client.close)
+      client.setblocking(False)
+      client.connect_ex(listener.getsockname())
+    time.sleep(0.1)
+    publisher = self.start(
+        'http://127.0.0.1:%d/metrics' % listener.getsockname()[1],
+        poll_interval_secs=5)
+    time.sleep(0.1)
+    self.check_stop_is_quick(publisher)
+
+  def check_stop_is_quick(self, publisher):
+    started = time.monotonic()
+    publisher.stop()
+    self.assertLess(time.monotonic() - started, 2)
+    self.assertFalse(publisher.running)
 
   def test_thread_stops_when_its_owner_is_collected(self):
     class Owner:
@@ -909,7 +1001,8 @@ class ThreadTest(unittest.TestCase):
     owner = Owner()
     server = self.serve(lambda: vllm_text(1, 0))
     publisher = self.start(server.url, owner=owner)
-    self.wait_until(lambda: publisher.value == 64, 'the prior')
+    publisher.batch_started(1)
+    self.wait_until(lambda: publisher.value, 'an estimate')
     del owner
     gc.collect()
     self.wait_until(lambda: not publisher.running, 'the thread ends')
@@ -965,8 +1058,9 @@ class ValidationTest(unittest.TestCase):
         ('target_utilization', 1.5, ValueError),
         ('max_running_requests', 2.5, TypeError),
         ('max_running_requests', 0, ValueError),
-        ('batch_size', -1, ValueError),
         ('saturated_cache_usage', None, TypeError),
+        ('saturated_queue_secs', -1, ValueError),
+        ('settle_secs', float('nan'), ValueError),
     ]
     for argument, value, error in cases:
       with self.subTest(argument=argument, value=value):
@@ -978,6 +1072,8 @@ class ValidationTest(unittest.TestCase):
     self.assertEqual(
         (config.poll_interval_secs, config.window_secs, config.hold_secs),
         (5, 300, 3600))
+    self.assertEqual((config.saturated_queue_secs, config.settle_secs),
+                     (60, 180))
     self.assertEqual(config.target_utilization, 1.0)
     self.assertIsNone(config.max_running_requests)
 
@@ -1008,6 +1104,132 @@ class ValidationTest(unittest.TestCase):
       publisher.batch_started(2.0)
     with self.assertRaisesRegex(ValueError, 'num_requests'):
       publisher.batch_finished(-1)
+
+
+class ClosedLoopTest(unittest.TestCase):
+  """The real estimator against simulated vLLM servers and an autoscaler, at
+  the default settings: every goal in every case."""
+  @classmethod
+  def setUpClass(cls):
+    cls.truth = {name: true_capacity(case) for name, case in CASES.items()}
+    cls.figures = {}
+
+  @classmethod
+  def tearDownClass(cls):
+    for key, line in sorted(cls.figures.items()):
+      print('closed loop %s: %s' % (key, line))
+
+  def test_cases_are_what_they_say(self):
+    truth = self.truth
+    self.assertAlmostEqual(truth['max_num_seqs'], 256 / BATCH, delta=2)
+    self.assertLessEqual(truth['kv_cache'], 256 / BATCH / 2)
+    for name in ('max_num_seqs_not_given', 'prior_2x_high', 'stragglers'):
+      case = CASES[name]
+      prior = case['prior'] / BATCH
+      # No prior the handler can compute is the truth.
+      self.assertFalse(0.75 * truth[name] <= prior <= 1.25 * truth[name])
+    self.assertAlmostEqual(truth['prior_2x_high'] * 2, 256 / BATCH, delta=2)
+    self.assertGreater(truth['stragglers'], 1.5 * 128 / BATCH)
+
+  def check_goals(self, name):
+    case, truth = CASES[name], self.truth[name]
+    target = math.ceil(THREADS / truth)
+    for start in (1, 4, 16, 48):
+      with self.subTest(case=name, start=start):
+        loop = ClosedLoop(case, start, truth, seed=start)
+        loop.run(600, threads=THREADS)
+        # Convergence within 10 minutes.
+        converged = [t for t, _, n in loop.ticks if n == target]
+        self.assertTrue(converged, loop.ticks)
+        hour = loop.now
+        for secs, threads in HOUR:
+          if threads == 2:
+            lull = loop.now
+          if loop.now >= hour + 2700:
+            restart, first = loop.now, loop.workers[0]
+            before = first.publisher.value
+            first.restart(down_secs=90)
+          loop.run(secs, threads=threads)
+        # Within one worker of what the load needs, all hour long.
+        errors = [
+            n - max(1, math.ceil(in_flight / truth))
+            for t, in_flight, n in loop.ticks if t > hour
+        ]
+        self.assertLessEqual(max(map(abs, errors)), 1, loop.ticks)
+        # Holding: through the lull, a measured value stays within 25%.
+        held = [
+            v for w in loop.every_worker if w.measured and w.measured < lull
+            for t, v in w.published if lull < t <= lull + 900
+        ]
+        self.assertTrue(held)
+        self.assertGreaterEqual(min(held), 0.75 * truth)
+        self.assertLessEqual(max(held), 1.25 * truth)
+        # Units: once a worker measured, never above twice the capacity, and
+        # never 1; and every worker that was overloaded measured.
+        for worker in loop.every_worker:
+          if worker.overloaded is not None:
+            self.assertIsNotNone(worker.measured)
+          if worker.measured is not None:
+            after = [v for t, v in worker.published if t >= worker.measured]
+            self.assertLessEqual(max(after), 2 * truth)
+            self.assertGreater(min(after), 1)
+        # A restart neither resets the value nor publishes 0 or 1: the first
+        # worker publishes at every poll, at least what it measured.
+        self.assertIsNotNone(first.measured)
+        after = [v for t, v in first.published if t > restart]
+        self.assertEqual(len(after), (loop.now - restart) // 5)
+        self.assertGreaterEqual(min(after), 0.75 * min(before, truth))
+        values = loop.values(converged[0])
+        changes = sum(
+            a[2] != b[2] for a, b in zip(loop.ticks, loop.ticks[1:])
+            if a[0] >= hour)
+        self.figures[(name, start)] = (
+            'true capacity %.1f, target %d workers from %d: reached at %d s; '
+            'then published %d to %d, %d pool changes in the hour, at most '
+            '%d worker(s) off' % (
+                truth,
+                target,
+                start,
+                converged[0],
+                min(values),
+                max(values),
+                changes,
+                max(map(abs, errors))))
+
+  def test_goals_when_max_num_seqs_bounds_the_server(self):
+    self.check_goals('max_num_seqs')
+
+  def test_goals_when_the_kv_cache_bounds_the_server(self):
+    self.check_goals('kv_cache')
+
+  def test_goals_when_max_num_seqs_is_not_given(self):
+    self.check_goals('max_num_seqs_not_given')
+
+  def test_goals_with_a_prior_twice_too_high(self):
+    self.check_goals('prior_2x_high')
+
+  def test_goals_without_a_prior(self):
+    self.check_goals('no_prior')
+
+  def test_goals_with_stragglers(self):
+    self.check_goals('stragglers')
+
+  def test_requests_longer_than_the_window(self):
+    # Outputs of 4,000 to 6,000 tokens take 6 to 10 minutes. In the KV case
+    # the cache is 6 times larger, as requests this long hold 6 times more.
+    for name, case in CASES.items():
+      case = dict(case, lengths=(4000, 6000))
+      if name == 'kv_cache':
+        case['kv_tokens'] *= 6
+      truth = true_capacity(case)
+      with self.subTest(case=name):
+        loop = ClosedLoop(case, 1, truth, autoscale=False)
+        loop.run(3600, threads=THREADS)
+        worker = loop.workers[0]
+        self.assertIsNotNone(worker.measured)
+        after = [v for t, v in worker.published if t >= worker.measured]
+        self.assertLessEqual(max(after), 2 * truth)
+        self.assertGreater(min(after), 1)
 
 
 if __name__ == '__main__':
