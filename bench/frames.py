@@ -187,7 +187,8 @@ def lpt_placement(work: dict, workers: int, apart=None) -> dict:
 def evaluate(batches, placement: dict, workers: int, cache_blocks: int,
              costs: Costs) -> dict:
   """Serves every worker's batches in emission order through its prefix
-  cache; returns the run's figures and the work of every state key."""
+  cache; returns the run's figures, the work of every state key
+  (work_by_key) and the placement."""
   hit_tokens = total_tokens = 0
   work = [0.0] * workers
   computed_total = 0
@@ -227,6 +228,7 @@ def evaluate(batches, placement: dict, workers: int, cache_blocks: int,
       'requests': len(delays),
       'state_keys': len(by_key),
       'work_by_key': by_key,
+      'placement': placement,
   }
 
 

@@ -26,8 +26,11 @@ frame's (bench.frames), so routes never name a worker.
   process that read it.
 * CopiedShards: WithBatchKey with a num_shards spec as BatchElements takes
   it (None, an int, a mapping or a callable). A callable is deep-copied
-  per DoFn copy (scope 'copy': what a runner does), per SDK process
-  ('process': a table shared by a process's copies) or once ('fleet').
+  per DoFn copy (scope 'copy': what a runner that keeps DoFn instances
+  does), per SDK process ('process': a table shared by a process's
+  copies), once ('fleet'), or for every element ('element': the
+  BundleBasedDirectRunner, which deserializes DoFns for every bundle, and
+  a TestStream makes a bundle of every element).
 * TwoStage: the two-stage policy. Stage 1 is keyed by the raw key, so one
   stateful DoFn sees all of a key's traffic: it measures the key's rate and
   picks the shard; stage 2 is keyed by (key, shard) and batches.
@@ -74,8 +77,9 @@ class CopiedShards:
   """WithBatchKey with num_shards as BatchElements takes it; a callable is
   copied per scope ('copy', 'process' or 'fleet')."""
   def __init__(self, num_shards, copies, seed, scope='copy'):
-    if scope not in ('copy', 'process', 'fleet'):
-      raise ValueError(f'scope must be copy, process or fleet, got {scope!r}')
+    if scope not in ('copy', 'process', 'fleet', 'element'):
+      raise ValueError(
+          f'scope must be copy, process, fleet or element, got {scope!r}')
     self._spec = num_shards
     self._copies = copies
     self._scope = scope
@@ -83,6 +87,8 @@ class CopiedShards:
     self._learners: dict = {}
 
   def _learner(self, request):
+    if self._scope == 'element':
+      return copy.deepcopy(self._spec)
     worker, process, thread = self._copies[request.rid]
     at = {
         'copy': (worker, process, thread),
@@ -116,7 +122,8 @@ class TwoStage:
   constant tau_s, in the stage's processing time) and the time of its
   first element; the key's rate is the decayed count over the decayed
   time since its first element (at least min_span_s), and it gets
-  ceil(rate / rate_per_shard) shards, at most max_shards. With
+  ceil(rate / rate_per_shard) shards, at most max_shards (one while its
+  rate is under split_from). With
   pick='runs', a key's elements go to one shard in runs of run_length
   (a new run, on the next shard, when a run is full or older than
   run_timeout_s); with pick='random', a shard is drawn per element.
@@ -131,8 +138,10 @@ class TwoStage:
       pick: str = 'runs',
       run_length: int = 8,
       run_timeout_s: float = 1.0,
+      split_from: float = 0.0,
       seed=0):
     self.rate_per_shard = rate_per_shard
+    self.split_from = split_from
     self.tau_us = tau_s * MICROS
     self.min_span_us = min_span_s * MICROS
     self.max_shards = max_shards
@@ -154,6 +163,8 @@ class TwoStage:
     span = max(now_us - state[2], self.min_span_us)
     window_s = self.tau_us * (1 - math.exp(-span / self.tau_us)) / MICROS
     rate = state[0] / window_s
+    if rate < self.split_from:
+      return state, 1
     count = max(1, min(self.max_shards, math.ceil(rate / self.rate_per_shard)))
     return state, count
 
@@ -200,3 +211,55 @@ class KnownShares:
         shard, left = (shard + 1) % count, self._run_length
       self._runs[request.key] = (shard, left - 1)
     return (str(request.key), shard), 0
+
+
+# What the bench reads of a two-stage policy from the tree: its public
+# attributes, by these names (see NOTES-20.md, the policy spec).
+TWO_STAGE_ATTRIBUTES = ('rate_per_shard', 'max_shards', 'decay_secs')
+
+
+def is_two_stage(spec) -> bool:
+  return all(hasattr(spec, a) for a in TWO_STAGE_ATTRIBUTES)
+
+
+def two_stage_from(spec, batch_size, buffering_s, seed=0) -> TwoStage:
+  """The simulator's model of a two-stage policy object of the tree.
+  rate_per_shard None: a batch per buffering duration."""
+  rate = spec.rate_per_shard
+  if rate is None:
+    rate = batch_size / buffering_s
+  return TwoStage(
+      rate,
+      tau_s=spec.decay_secs,
+      max_shards=spec.max_shards,
+      run_length=batch_size,
+      run_timeout_s=buffering_s,
+      split_from=getattr(spec, 'split_from', None) or 0.0,
+      seed=seed)
+
+
+def learns_per_copy(spec) -> bool:
+  """Whether each DoFn copy of the spec learns on its own."""
+  return (
+      callable(spec) and not isinstance(spec, (int, Mapping)) and
+      not is_two_stage(spec))
+
+
+def route_for(spec, copies, seed, *, batch_size, buffering_s):
+  """The route of BatchElements(key_fn=..., num_shards=spec)."""
+  if is_two_stage(spec):
+    return two_stage_from(spec, batch_size, buffering_s, seed)
+  return CopiedShards(spec, copies, seed, 'copy')
+
+
+def describe(spec) -> str:
+  if isinstance(spec, (int, type(None))):
+    return repr(spec)
+  return getattr(spec, '__qualname__', None) or repr(spec)
+
+
+def oracle_group(state_key):
+  """The replicas of one key in one span go to different workers."""
+  if isinstance(state_key, tuple) and len(state_key) == 3:
+    return state_key[:2]
+  return None

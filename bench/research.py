@@ -115,6 +115,25 @@ def candidates(workload, frame, requests, copies, seed, rate):
   return out
 
 
+def parse(name, workload, seed):
+  """A candidate named 'two_stage:r=2,max=256,pick=runs,tau=30' (any of
+  the settings), or None."""
+  kind, _, settings = name.partition(':')
+  if kind != 'two_stage' or not settings:
+    return None
+  given = dict(item.split('=') for item in settings.split(','))
+  return policies.TwoStage(
+      float(given.get('r', 8)),
+      tau_s=float(given.get('tau', 30)),
+      min_span_s=float(given.get('span', 1)),
+      max_shards=int(given.get('max', 64)),
+      pick=given.get('pick', 'runs'),
+      run_length=int(given.get('run', workload.batch_size)),
+      run_timeout_s=float(given.get('timeout', 1)),
+      split_from=float(given.get('fill', 0)),
+      seed=seed)
+
+
 def run_case(args):
   workload, frame, rate, seed, names, costs = args
   requests = workload.requests_at(rate, seed)
@@ -146,7 +165,7 @@ def run_case(args):
           batches, placement, workload.workers, workload.cache_blocks, costs)
       out[name] = [figs] * len(SALTS)
       continue
-    route = routes[name]
+    route = routes.get(name) or parse(name, workload, seed)
     batches = fleet.form_batches(requests, route, workload.batch_size, MICROS)
     out[name] = []
     for salt in SALTS:
