@@ -324,8 +324,9 @@ def engine_fleet(
     # its simulated work, in seconds, spread over the run's span.
     base_batches, base_figures = chosen['placed']['baseline']
     span_s = (
-        max(b.emitted_us for b in base_batches) -
-        min(b.emitted_us for b in base_batches)) / MICROS
+        max(b.emitted_us
+            for b in base_batches) - min(b.emitted_us
+                                         for b in base_batches)) / MICROS
     mean_work_s = (
         base_figures['busiest_worker_work'] /
         base_figures['load_max_over_mean'] * calibration['seconds_per_token'])

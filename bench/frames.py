@@ -184,8 +184,9 @@ def lpt_placement(work: dict, workers: int, apart=None) -> dict:
   return out
 
 
-def evaluate(batches, placement: dict, workers: int, cache_blocks: int,
-             costs: Costs) -> dict:
+def evaluate(
+    batches, placement: dict, workers: int, cache_blocks: int,
+    costs: Costs) -> dict:
   """Serves every worker's batches in emission order through its prefix
   cache; returns the run's figures, the work of every state key
   (work_by_key) and the placement."""
@@ -232,9 +233,14 @@ def evaluate(batches, placement: dict, workers: int, cache_blocks: int,
   }
 
 
-def place_and_evaluate(batches, frame: Frame, salt, workers: int,
-                       cache_blocks: int, costs: Costs,
-                       on_reader: bool = False) -> dict:
+def place_and_evaluate(
+    batches,
+    frame: Frame,
+    salt,
+    workers: int,
+    cache_blocks: int,
+    costs: Costs,
+    on_reader: bool = False) -> dict:
   """A strategy's figures in a frame for one placement salt. on_reader:
   the state keys are ('shared', worker) keys batched where they are read
   (F1's baseline)."""
@@ -248,8 +254,7 @@ def place_and_evaluate(batches, frame: Frame, salt, workers: int,
     return figures
   return rebalance(
       batches,
-      figures,
-      lambda work: range_placement(work, workers, salt),
+      figures, lambda work: range_placement(work, workers, salt),
       workers,
       cache_blocks,
       costs)
@@ -274,8 +279,8 @@ def rebalance(batches, figures, place, workers, cache_blocks, costs):
   return figures
 
 
-def lpt_evaluate(batches, workers: int, cache_blocks: int, costs: Costs,
-                 apart=None) -> dict:
+def lpt_evaluate(
+    batches, workers: int, cache_blocks: int, costs: Costs, apart=None) -> dict:
   """The batches placed by LPT over their measured work: measured first
   with the state keys placed by LPT over their request counts, then
   rebalanced as F3 is."""
@@ -286,15 +291,13 @@ def lpt_evaluate(batches, workers: int, cache_blocks: int, costs: Costs,
   figures = evaluate(batches, placement, workers, cache_blocks, costs)
   return rebalance(
       batches,
-      figures,
-      lambda measured: lpt_placement(measured, workers, apart),
+      figures, lambda measured: lpt_placement(measured, workers, apart),
       workers,
       cache_blocks,
       costs)
 
 
-def bundle_batches(requests, copies, batch_size: int,
-                   bundle_us: int) -> list:
+def bundle_batches(requests, copies, batch_size: int, bundle_us: int) -> list:
   """The stateless per-bundle path: each copy batches what it reads in one
   bundle (bundle_us long, from its first element, or batch_size elements),
   on the worker that read it."""
@@ -308,8 +311,7 @@ def bundle_batches(requests, copies, batch_size: int,
       out.append(batch[1])
       batch = None
     if batch is None:
-      batch = open_[copy] = (
-          r.arrival_us, Batch(copy[0], ('bundle', copy), []))
+      batch = open_[copy] = (r.arrival_us, Batch(copy[0], ('bundle', copy), []))
     batch[1].requests.append(r)
     if len(batch[1].requests) >= batch_size:
       batch[1].emitted_us = r.arrival_us

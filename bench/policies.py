@@ -222,19 +222,46 @@ def is_two_stage(spec) -> bool:
   return all(hasattr(spec, a) for a in TWO_STAGE_ATTRIBUTES)
 
 
+class TwoStageSpec:
+  """A two-stage policy as the tree's would be configured (its public
+  attributes), for research before the tree has it."""
+  def __init__(
+      self,
+      rate_per_shard=None,
+      split_from=None,
+      max_shards=64,
+      decay_secs=30.0):
+    self.rate_per_shard = rate_per_shard
+    self.split_from = split_from
+    self.max_shards = max_shards
+    self.decay_secs = decay_secs
+
+  def __repr__(self):
+    return (
+        f'TwoStageSpec(rate_per_shard={self.rate_per_shard}, '
+        f'split_from={self.split_from}, max_shards={self.max_shards}, '
+        f'decay_secs={self.decay_secs})')
+
+
 def two_stage_from(spec, batch_size, buffering_s, seed=0) -> TwoStage:
-  """The simulator's model of a two-stage policy object of the tree.
-  rate_per_shard None: a batch per buffering duration."""
+  """The simulator's model of a two-stage policy object of the tree. A
+  batch's rate is batch_size per buffering duration; rate_per_shard None
+  is a quarter of it, split_from None all of it."""
+  batch_rate = batch_size / buffering_s
   rate = spec.rate_per_shard
   if rate is None:
-    rate = batch_size / buffering_s
+    rate = batch_rate / 4
+  split_from = getattr(spec, 'split_from', 0.0)
+  if split_from is None:
+    split_from = batch_rate
   return TwoStage(
       rate,
       tau_s=spec.decay_secs,
+      min_span_s=buffering_s,
       max_shards=spec.max_shards,
       run_length=batch_size,
       run_timeout_s=buffering_s,
-      split_from=getattr(spec, 'split_from', None) or 0.0,
+      split_from=split_from,
       seed=seed)
 
 

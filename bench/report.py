@@ -193,8 +193,8 @@ def _goals(results):
           f'sweep_min ({at["workload"]}, {at["varied"]} {at["value"]})',
           f'{entry["throughput_vs_baseline"]:.2f}',
           f'>= {SWEEP_MIN_GOAL}',
-          'met' if entry['throughput_vs_baseline'] >= SWEEP_MIN_GOAL else
-          'NOT met'
+          'met'
+          if entry['throughput_vs_baseline'] >= SWEEP_MIN_GOAL else 'NOT met'
       ])
     if 'cache_x8' in results:
       for w, arms in results['cache_x8'][frame].items():
@@ -253,8 +253,8 @@ def _frames(results):
     ]
     rows = [[name] + [_ratio(section[w][name]) for w in WORKLOADS]
             for name in names]
-    lines += _table(['strategy'] + [f'{w} throughput vs baseline'
-                                    for w in WORKLOADS],
+    lines += _table(['strategy'] +
+                    [f'{w} throughput vs baseline' for w in WORKLOADS],
                     rows)
     lines += ['']
     rows = []
@@ -313,8 +313,7 @@ def _sweep(results):
           name,
           f'{entry["throughput_vs_baseline"]:.2f}',
           f'{at["workload"]} {at["varied"]} {at["value"]}',
-          ', '.join(
-              f'{w} {v:.2f}' for w, v in entry['by_workload'].items()),
+          ', '.join(f'{w} {v:.2f}' for w, v in entry['by_workload'].items()),
       ])
   lines += _table(['frame', 'strategy', 'sweep_min', 'at', 'per workload'],
                   rows) + ['']
@@ -381,23 +380,22 @@ def _engine(results):
   ],
                   rows)
   lines += ['']
-  lines += _table(
-      [
-          'frame',
-          'throughput ratio (default / baseline)',
-          'simulated at that placement',
-          'workers',
-          'requests',
-          'max in flight'
-      ],
-      [[
-          frame,
-          f'{f["throughput_ratio"]:.2f}',
-          f'{f["simulated_ratio"]:.2f}',
-          f['workers'],
-          f['requests'],
-          f['max_in_flight']
-      ] for frame, f in fleet.items()])
+  lines += _table([
+      'frame',
+      'throughput ratio (default / baseline)',
+      'simulated at that placement',
+      'workers',
+      'requests',
+      'max in flight'
+  ],
+                  [[
+                      frame,
+                      f'{f["throughput_ratio"]:.2f}',
+                      f'{f["simulated_ratio"]:.2f}',
+                      f['workers'],
+                      f['requests'],
+                      f['max_in_flight']
+                  ] for frame, f in fleet.items()])
   lines += [
       '',
       f'Calibration ({cal["repetitions"]} repetitions, medians): '
@@ -515,8 +513,10 @@ def plot(results, out: Path) -> list[Path]:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(9, 4))
-  names = [n for n in ('default', 'keyed_8', 'adaptive', 'oracle')
-           if n in results['frames']['F2']['W1']]
+  names = [
+      n for n in ('default', 'keyed_8', 'adaptive', 'oracle')
+      if n in results['frames']['F2']['W1']
+  ]
   frames = [f for f in FRAME_ORDER if f in results['frames']]
   width = 0.8 / len(names)
   for i, name in enumerate(names):

@@ -101,12 +101,9 @@ def candidates(workload, frame, requests, copies, seed, rate):
           seed,
           'copy'),
       'known_2w_random': policies.KnownShares(requests, w, 2, seed),
-      'known_2w_runs': policies.KnownShares(
-          requests, w, 2, seed, 'runs', b),
-      'known_4w_runs': policies.KnownShares(
-          requests, w, 4, seed, 'runs', b),
-      'known_1w_runs': policies.KnownShares(
-          requests, w, 1, seed, 'runs', b),
+      'known_2w_runs': policies.KnownShares(requests, w, 2, seed, 'runs', b),
+      'known_4w_runs': policies.KnownShares(requests, w, 4, seed, 'runs', b),
+      'known_1w_runs': policies.KnownShares(requests, w, 1, seed, 'runs', b),
   }
   for r0 in (2, 4, 8, 16):
     out[f'two_stage_r{r0}_runs'] = policies.TwoStage(r0, run_length=b)
@@ -153,8 +150,8 @@ def run_case(args):
           workload.workers,
           workload.cache_blocks,
           costs,
-          apart=lambda k: k[0] if isinstance(k, tuple) and len(k) == 3 else
-          None)
+          apart=lambda k: k[0]
+          if isinstance(k, tuple) and len(k) == 3 else None)
       out[name] = [figs] * len(SALTS)
       continue
     if name == 'stateless':
@@ -228,6 +225,49 @@ WORKLOADS = {w.name: w for w in (workloads.W1, workloads.W2, workloads.W3)}
 FRAMES = {f.name: f for f in frames.FRAMES}
 
 
+def v3(args):
+  """The bench's phase A (frames at full scale, or the sweep) with a
+  candidate two-stage spec as the default."""
+  from bench import streaming
+  given = dict(
+      item.split('=')
+      for item in args.candidate.split(',')) if (args.candidate) else {}
+  spec = policies.TwoStageSpec(
+      rate_per_shard=float(given['r']) if 'r' in given else None,
+      split_from=float(given['fill']) if 'fill' in given else None,
+      max_shards=int(given.get('max', 64)),
+      decay_secs=float(given.get('tau', 30)))
+  chosen = streaming.strategies(spec, SimAdaptive(), {'buffering_s': 1.0})
+  if args.frames_only:
+    chosen = {
+        n: s
+        for n, s in chosen.items() if n in ('baseline', 'default', 'keyed_8')
+    }
+  wl = [
+      WORKLOADS[w].scaled(requests=round(WORKLOADS[w].requests * args.scale))
+      for w in args.workloads.split(',')
+  ]
+  costs = frames.Costs(60.5, 14.0, 0, args.decode_cost)
+  streaming._STATE['strategies'] = chosen
+  names = [n for n in streaming.TABLE if n in chosen]
+  tasks = [(
+      w, args.rate, seed, [f.name for f in frames.FRAMES], SALTS, costs, names)
+           for w in wl for seed in SEEDS[:args.seeds]]
+  done = streaming._run(tasks, 2, lambda m: None, 'frames')
+  print(f'## {spec!r} scale {args.scale}')
+  for frame in ('F3', 'F2', 'F2_P16', 'F2_P32', 'F1'):
+    for i, w in enumerate(wl):
+      per_seed = [done[i * args.seeds + j][frame] for j in range(args.seeds)]
+      summary = streaming.summarize(per_seed, names)
+      cells = '  '.join(
+          f'{n} {r["throughput_vs_baseline"]:.2f} ({r["throughput_min"]:.2f}-'
+          f'{r["throughput_max"]:.2f}) h{r["hit_rate"]:.3f} '
+          f'l{r["load_max_over_mean"]:.2f}' for n, r in summary.items()
+          if n != 'baseline')
+      print(f'{frame:7s} {w.name} {cells}')
+  sys.stdout.flush()
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog='python -m bench.research')
   parser.add_argument('--workloads', default='W1,W2,W3')
@@ -239,8 +279,13 @@ def main(argv=None):
   parser.add_argument('--decode-cost', type=float, default=2.0)
   parser.add_argument('--zipf', type=float, default=None)
   parser.add_argument('--seeds', type=int, default=3)
-  parser.add_argument('names', nargs='+')
+  parser.add_argument('--v3', action='store_true')
+  parser.add_argument('--candidate', default='')
+  parser.add_argument('--frames-only', action='store_true')
+  parser.add_argument('names', nargs='*')
   args = parser.parse_args(argv)
+  if args.v3:
+    return v3(args)
   costs = frames.Costs(60.5, 14.0, args.decode, args.decode_cost)
   for wname in args.workloads.split(','):
     workload = WORKLOADS[wname]

@@ -89,8 +89,7 @@ def strategies(default_spec, adaptive_spec, batching) -> dict:
   adaptive_spec: 0010's policy at its defaults (None: not in the tree)."""
   out = {
       'baseline': Strategy(
-          'baseline',
-          lambda w, r, copies, seed: policies.PerProcessKey(copies),
+          'baseline', lambda w, r, copies, seed: policies.PerProcessKey(copies),
           True,
           "2.77.0's stateful BatchElements (a UUID key per SDK process)"),
       'stateless': Strategy(
@@ -156,10 +155,7 @@ def run_seed(
             requests, copies, workload.batch_size, round(BUNDLE_S * MICROS))
       elif on_reader:
         batches_cache[key] = fleet.form_batches(
-            requests,
-            policies.PerWorkerKey(),
-            workload.batch_size,
-            batching_us)
+            requests, policies.PerWorkerKey(), workload.batch_size, batching_us)
       else:
         route = strategy.build(workload, requests, copies, seed)
         batches_cache[key] = fleet.form_batches(
@@ -171,7 +167,8 @@ def run_seed(
       route = fleet.OracleRoute(
           requests, w, workload.batch_size, workload.epoch_of)
       batches = fleet.form_batches(
-          requests, lambda r: (route(r)[0], 0), workload.batch_size,
+          requests, lambda r: (route(r)[0], 0),
+          workload.batch_size,
           batching_us)
       evaluated['oracle'] = _strip(
           frames.lpt_evaluate(
@@ -267,10 +264,11 @@ def _run(tasks, processes, progress, label):
 def sweep_points(workload, rates, middle, cache_factors, zipfs, decodes):
   """(varied, value, workload, rate, decode tokens): one thing at a time."""
   points = [('rate', r, workload, r, 0) for r in rates if r != middle]
-  points += [('zipf_s', z, workload.scaled(zipf_s=z), middle, 0)
-             for z in zipfs if z != workload.zipf_s]
+  points += [('zipf_s', z, workload.scaled(zipf_s=z), middle, 0) for z in zipfs
+             if z != workload.zipf_s]
   points += [(
-      'cache', f,
+      'cache',
+      f,
       workload.scaled(
           cache_prefixes=max(1, round(workload.cache_prefixes * f))),
       middle,
@@ -319,9 +317,9 @@ def phase(
   sweep_frames = ['F2', 'F3']
   points = []
   for w in workloads:
-    for varied, value, point, rate, decode in sweep_points(
+    for varied, value, varied_w, rate, decode in sweep_points(
         w, rates, middle, cache_factors + (8, ), zipfs, decodes):
-      point = point.scaled(requests=round(point.requests * side_fraction))
+      point = varied_w.scaled(requests=round(varied_w.requests * side_fraction))
       point_costs = dataclasses.replace(costs, decode_tokens=decode)
       points.append((w.name, varied, value, point, rate, point_costs))
   tasks = [(point, rate, seed, sweep_frames, salts, point_costs, sweep_names)
@@ -342,8 +340,7 @@ def phase(
         'frames': {},
     }
     for frame in sweep_frames:
-      entry['frames'][frame] = summarize([r[frame] for r in runs],
-                                         sweep_names)
+      entry['frames'][frame] = summarize([r[frame] for r in runs], sweep_names)
     sweep.append(entry)
   out['sweep'] = sweep
   out['sweep_min'], out['cache_x8'] = sweep_figures(
@@ -366,8 +363,7 @@ def sweep_figures(sweep, frame_tables, workload_names, sweep_frames, names):
       if name == 'baseline':
         continue
       candidates = [(
-          frame_tables[frame][w][name]['throughput_vs_baseline'],
-          {
+          frame_tables[frame][w][name]['throughput_vs_baseline'], {
               'workload': w, 'varied': 'none', 'value': None
           }) for w in workload_names if name in frame_tables[frame][w]]
       for entry in sweep:
