@@ -216,6 +216,7 @@ class KnownShares:
 # What the bench reads of a two-stage policy from the tree: its public
 # attributes, by these names (see NOTES-20.md, the policy spec).
 TWO_STAGE_ATTRIBUTES = ('rate_per_shard', 'max_shards', 'decay_secs')
+TWO_STAGE_SHARDS_PER_BATCH_RATE = 4
 
 
 def is_two_stage(spec) -> bool:
@@ -230,37 +231,41 @@ class TwoStageSpec:
       rate_per_shard=None,
       split_from=None,
       max_shards=64,
-      decay_secs=30.0):
+      decay_secs=30.0,
+      run_batches=4):
     self.rate_per_shard = rate_per_shard
     self.split_from = split_from
     self.max_shards = max_shards
     self.decay_secs = decay_secs
+    self.run_batches = run_batches
 
   def __repr__(self):
     return (
         f'TwoStageSpec(rate_per_shard={self.rate_per_shard}, '
         f'split_from={self.split_from}, max_shards={self.max_shards}, '
-        f'decay_secs={self.decay_secs})')
+        f'decay_secs={self.decay_secs}, run_batches={self.run_batches})')
 
 
 def two_stage_from(spec, batch_size, buffering_s, seed=0) -> TwoStage:
   """The simulator's model of a two-stage policy object of the tree. A
-  batch's rate is batch_size per buffering duration; rate_per_shard None
-  is a quarter of it, split_from None all of it."""
+  batch's rate is batch_size per buffering duration; rate_per_shard None is
+  a quarter of it (TWO_STAGE_SHARDS_PER_BATCH_RATE), split_from None all of
+  it. A run is run_batches batches, or run_batches buffering durations."""
   batch_rate = batch_size / buffering_s
   rate = spec.rate_per_shard
   if rate is None:
-    rate = batch_rate / 4
+    rate = batch_rate / TWO_STAGE_SHARDS_PER_BATCH_RATE
   split_from = getattr(spec, 'split_from', 0.0)
   if split_from is None:
     split_from = batch_rate
+  run_batches = getattr(spec, 'run_batches', 1)
   return TwoStage(
       rate,
       tau_s=spec.decay_secs,
       min_span_s=buffering_s,
       max_shards=spec.max_shards,
-      run_length=batch_size,
-      run_timeout_s=buffering_s,
+      run_length=run_batches * batch_size,
+      run_timeout_s=run_batches * buffering_s,
       split_from=split_from,
       seed=seed)
 

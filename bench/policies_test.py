@@ -125,7 +125,15 @@ def test_a_two_stage_spec_is_recognized_by_its_attributes():
   route = policies.route_for(spec, [], 1, batch_size=8, buffering_s=1.0)
   assert isinstance(route, policies.TwoStage)
   assert route.rate_per_shard == 2.0 and route.split_from == 8.0
-  assert route.run_length == 8
+  assert route.run_length == 4 * 8 and route.run_timeout_us == 4e6
+  one = policies.route_for(
+      policies.TwoStageSpec(rate_per_shard=3.0, split_from=0.0, run_batches=1),
+      [],
+      1,
+      batch_size=8,
+      buffering_s=2.0)
+  assert (one.rate_per_shard, one.split_from, one.run_length) == (3.0, 0.0, 8)
+  assert one.run_timeout_us == 2e6
   assert isinstance(
       policies.route_for(8, [], 1, batch_size=8, buffering_s=1.0),
       policies.CopiedShards)

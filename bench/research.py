@@ -236,7 +236,8 @@ def v3(args):
       rate_per_shard=float(given['r']) if 'r' in given else None,
       split_from=float(given['fill']) if 'fill' in given else None,
       max_shards=int(given.get('max', 64)),
-      decay_secs=float(given.get('tau', 30)))
+      decay_secs=float(given.get('tau', 30)),
+      run_batches=int(given.get('runs', 4)))
   chosen = streaming.strategies(spec, SimAdaptive(), {'buffering_s': 1.0})
   if args.frames_only:
     chosen = {
