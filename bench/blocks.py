@@ -100,6 +100,38 @@ def _engine(results):
       f'{e["F2"]["simulated_ratio"]:.2f}x).')
 
 
+def _losses(results, name='default'):
+  """Where the strategy is slower than today's batching placed the same
+  way: frame-table cells and sweep points (medians)."""
+  cells = [
+      f'{frame} {w} ({results["frames"][frame][w][name]["throughput_vs_baseline"]:.2f}x)'
+      for frame in ('F3', 'F2', 'F1') for w in WORKLOADS
+      if results['frames'][frame][w][name]['throughput_vs_baseline'] < 1
+  ]
+  points = [
+      f'{frame} {e["workload"]} {e["varied"].replace("_", " ")} {e["value"]} '
+      f'({e["frames"][frame][name]["throughput_vs_baseline"]:.2f}x)'
+      for e in results['sweep'] for frame in ('F3', 'F2')
+      if name in e['frames'][frame] and
+      e['frames'][frame][name]['throughput_vs_baseline'] < 1
+  ]
+  return cells, points
+
+
+def _verdict(results, name='default'):
+  cells, points = _losses(results, name)
+  if not cells and not points:
+    return (
+        'It is not slower than today\'s batching in any frame or at any '
+        'sweep point.')
+  parts = []
+  if cells:
+    parts.append('in ' + ', '.join(cells))
+  if points:
+    parts.append('at the sweep points ' + ', '.join(points))
+  return 'It is slower than today\'s batching ' + '; and '.join(parts) + '.'
+
+
 def readme_what_it_buys(results) -> str:
   meta = results['meta']
   lines = [
@@ -118,7 +150,7 @@ def readme_what_it_buys(results) -> str:
       'length), the default\'s least median is '
       f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
       f'with caches x8 it gives {_x8(results, "F3")} in F3 and '
-      f'{_x8(results, "F2")} in F2. {_engine(results)}',
+      f'{_x8(results, "F2")} in F2. {_verdict(results)} {_engine(results)}',
   ]
   return '\n'.join(lines)
 
@@ -191,7 +223,9 @@ def pr_prefix_batching(results) -> str:
       f'work (F3): {cells["F3"]}; on a runner that hashes keys (F2): '
       f'{cells["F2"]}; against a perfectly balanced baseline (F1): '
       f'{cells["F1"]}. Its least median over the sweep is '
-      f'{_where(results, "F2", "keyed_8")} in F2. Eight shards per prefix '
+      f'{_where(results, "F2", "keyed_8")} in F2. '
+      f'{_verdict(results, "keyed_8").replace("It is", "Eight shards are")} '
+      'Eight shards per prefix '
       'split a cold prefix\'s batches eight ways and copy it into eight '
       'caches; the follow-up adaptive-num-shards sizes the shards by each '
       'prefix\'s measured traffic.',
@@ -215,7 +249,7 @@ def pr_adaptive_num_shards(results) -> str:
       'Over the sweep the default\'s least median is '
       f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
       f'with caches x8: {_x8(results, "F3")} (F3), {_x8(results, "F2")} '
-      f'(F2). {_engine(results)}',
+      f'(F2). {_verdict(results)} {_engine(results)}',
       '',
       _method(results),
   ]
