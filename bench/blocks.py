@@ -132,6 +132,14 @@ def _verdict(results, name='default'):
   return 'It is slower than today\'s batching ' + '; and '.join(parts) + '.'
 
 
+def _proposed(results):
+  if 'proposed' not in results['frames']['F2']['W1']:
+    return ''
+  return (
+      '`proposed` the two-stage policy specified for the follow-up, '
+      'simulated before the tree has it, ')
+
+
 def readme_what_it_buys(results) -> str:
   meta = results['meta']
   lines = [
@@ -140,11 +148,12 @@ def readme_what_it_buys(results) -> str:
       f'(seeds x salts) per point, at {meta["middle_rate_per_worker"]} '
       'requests/s per worker. `default` is `PrefixBatchingConfig()` as the '
       f'series ships it (`{meta["default_num_shards"]}`), `keyed_8` the '
-      'reviewed 8 shards per prefix, `oracle` a placement that knows the '
-      'traffic in advance. Throughput over today\'s stateful batching placed '
-      'the same way, medians (min-max over placements):',
+      'reviewed 8 shards per prefix, '
+      f'{_proposed(results)}`oracle` a placement that knows the traffic in '
+      'advance. Throughput over today\'s stateful batching placed the same '
+      'way, medians (min-max over placements):',
       '',
-  ] + _frame_table(results, ('default', 'keyed_8', 'oracle')) + [
+  ] + _frame_table(results, ('default', 'keyed_8', 'proposed', 'oracle')) + [
       '',
       'Over the sweep (rate, Zipf exponent, cache x0.5 to x4, decode '
       'length), the default\'s least median is '
@@ -244,15 +253,16 @@ def pr_adaptive_num_shards(results) -> str:
       '(`default` is `PrefixBatchingConfig()` with this change, `keyed_8` '
       'the reviewed 8 shards):',
       '',
-  ] + _frame_table(results, ('default', 'adaptive', 'keyed_8', 'oracle')) + [
-      '',
-      'Over the sweep the default\'s least median is '
-      f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
-      f'with caches x8: {_x8(results, "F3")} (F3), {_x8(results, "F2")} '
-      f'(F2). {_verdict(results)} {_engine(results)}',
-      '',
-      _method(results),
-  ]
+  ] + _frame_table(
+      results, ('default', 'adaptive', 'keyed_8', 'proposed', 'oracle')) + [
+          '',
+          'Over the sweep the default\'s least median is '
+          f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
+          f'with caches x8: {_x8(results, "F3")} (F3), {_x8(results, "F2")} '
+          f'(F2). {_verdict(results)} {_engine(results)}',
+          '',
+          _method(results),
+      ]
   return '\n'.join(lines)
 
 

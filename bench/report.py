@@ -28,7 +28,14 @@ import sys
 from pathlib import Path
 
 WORKLOADS = ('W1', 'W2', 'W3')
-ORDER = ('baseline', 'stateless', 'default', 'keyed_8', 'adaptive', 'oracle')
+ORDER = (
+    'baseline',
+    'stateless',
+    'default',
+    'keyed_8',
+    'adaptive',
+    'proposed',
+    'oracle')
 FRAME_ORDER = ('F3', 'F2', 'F2_P16', 'F2_P32', 'F1')
 FRAME_TEXT = {
     'F1': 'the committed frame, kept as the worst case: the baseline batches '

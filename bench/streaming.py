@@ -42,10 +42,17 @@ from bench import policies
 from bench.workloads import MICROS
 
 # The strategies of the frame tables, in report order.
-TABLE = ('baseline', 'stateless', 'default', 'keyed_8', 'adaptive', 'oracle')
+TABLE = (
+    'baseline',
+    'stateless',
+    'default',
+    'keyed_8',
+    'adaptive',
+    'proposed',
+    'oracle')
 # The strategies of the sweep: the figures sweep_min and cache_x8 report,
 # and #40905's reviewed 8 shards beside them.
-SWEEP = ('baseline', 'default', 'keyed_8')
+SWEEP = ('baseline', 'default', 'keyed_8', 'proposed')
 FIELDS = (
     'hit_rate',
     'load_max_over_mean',
@@ -84,9 +91,11 @@ def keyed(name, spec, batching, label=''):
   return Strategy(name, build, policies.learns_per_copy(spec), label)
 
 
-def strategies(default_spec, adaptive_spec, batching) -> dict:
+def strategies(
+    default_spec, adaptive_spec, batching, proposed_spec=None) -> dict:
   """name -> Strategy. default_spec: PrefixBatchingConfig()'s num_shards;
-  adaptive_spec: 0010's policy at its defaults (None: not in the tree)."""
+  adaptive_spec: 0010's policy at its defaults (None: not in the tree);
+  proposed_spec: a policy simulated before the tree has it (None: none)."""
   out = {
       'baseline': Strategy(
           'baseline', lambda w, r, copies, seed: policies.PerProcessKey(copies),
@@ -111,6 +120,13 @@ def strategies(default_spec, adaptive_spec, batching) -> dict:
         adaptive_spec,
         batching,
         f'0010 at its defaults ({policies.describe(adaptive_spec)})')
+  if proposed_spec is not None:
+    out['proposed'] = keyed(
+        'proposed',
+        proposed_spec,
+        batching,
+        'the two-stage policy proposed for 0010 (NOTES-20.md), simulated '
+        f'only ({policies.describe(proposed_spec)})')
   out['oracle'] = Strategy(
       'oracle', None, False, 'oracle: known traffic, LPT over measured work')
   return out
