@@ -75,6 +75,9 @@ class Strategy:
   build: Callable
   per_copy: bool = False
   label: str = ''
+  # Strategies with the same id form the same batches (a keyed default of
+  # 8 shards is keyed_8), which are then formed and placed once.
+  same_as: str = ''
 
 
 def keyed(name, spec, batching, label=''):
@@ -88,7 +91,12 @@ def keyed(name, spec, batching, label=''):
         batch_size=workload.batch_size,
         buffering_s=batching['buffering_s'])
 
-  return Strategy(name, build, policies.learns_per_copy(spec), label)
+  return Strategy(
+      name,
+      build,
+      policies.learns_per_copy(spec),
+      label,
+      f'num_shards={policies.describe(spec)}')
 
 
 def strategies(
@@ -163,7 +171,10 @@ def run_seed(
   def batches_of(strategy, frame):
     shape = (frame.processes, frame.threads)
     on_reader = strategy.name == 'baseline' and frame.baseline_on_reader
-    key = (strategy.name, shape if strategy.per_copy else None, on_reader)
+    key = (
+        strategy.same_as or strategy.name,
+        shape if strategy.per_copy else None,
+        on_reader)
     if key not in batches_cache:
       copies = copies_by_shape[shape]
       if strategy.name == 'stateless':
