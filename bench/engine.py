@@ -75,6 +75,11 @@ MAX_NUM_SEQS = 8
 FLEET = ENGINE.scaled(requests=256, workers=8)
 # Batches a worker has at the engine at once (Beam's RunInference threads).
 MAX_IN_FLIGHT = 12
+# Arrival times are scaled so that the mean worker offers this many times
+# what one server sustains: every worker is then busy from its first batch
+# to its last, and its engine time is its busy time, which throughput needs
+# (at 1x, a worker with less work than the baseline's waits for arrivals).
+SATURATION = 4
 # The decode length of the calibration's decode measurement.
 DECODE_TOKENS = 32
 # The segment kind of the calibration prompts.
@@ -304,8 +309,10 @@ def engine_fleet(
     rate_per_worker,
     costs,
     progress) -> tuple[dict, dict]:
-  """arms: {'baseline': build, 'default': build} with build(workload,
-  requests, copies, seed) -> route. Returns (engine_fleet, engine)."""
+  """arms: {'baseline': build, 'default': build, ...} with build(workload,
+  requests, copies, seed) -> route; more arms (a proposed policy) are
+  replayed at the default's median placement. Returns (engine_fleet,
+  engine)."""
   workload = FLEET.scaled(requests=128) if quick else FLEET
   progress('B: warm-up')
   warm = workload.scaled(prefixes=4).requests_at(rate_per_worker, 'warm')
@@ -320,8 +327,8 @@ def engine_fleet(
   for frame in (frames.F2, frames.F3):
     chosen = median_placement(
         workload, rate_per_worker, frame, seeds, salts, arms, costs)
-    # Scale time so that the mean worker offers what one server sustains:
-    # its simulated work, in seconds, spread over the run's span.
+    # Scale time so that the mean worker offers SATURATION times what one
+    # server sustains: its simulated work, in seconds, over the run's span.
     base_batches, base_figures = chosen['placed']['baseline']
     span_s = (
         max(b.emitted_us
@@ -330,7 +337,7 @@ def engine_fleet(
     mean_work_s = (
         base_figures['busiest_worker_work'] /
         base_figures['load_max_over_mean'] * calibration['seconds_per_token'])
-    scale = mean_work_s / span_s
+    scale = mean_work_s / span_s / SATURATION
     arms_out = {}
     for name, (batches, figures) in chosen['placed'].items():
       progress(f'B: {frame.name} {name}, median placement')
@@ -356,6 +363,16 @@ def engine_fleet(
     out[frame.name] = {
         'throughput_ratio': arms_out['baseline']['busiest_worker_s'] /
         arms_out['default']['busiest_worker_s'],
+        'arms': {
+            name: {
+                'throughput_ratio': arms_out['baseline']['busiest_worker_s'] /
+                arm['busiest_worker_s'],
+                'simulated_ratio': chosen['placed']['baseline'][1]
+                ['busiest_worker_work'] /
+                chosen['placed'][name][1]['busiest_worker_work'],
+            }
+            for name, arm in arms_out.items()
+        },
         'simulated_ratio': chosen['simulated_ratio'],
         'workers': workload.workers,
         'requests': workload.requests,
@@ -371,6 +388,7 @@ def engine_fleet(
   return out, {
       'workload': workload.describe(),
       'rate_per_worker': rate_per_worker,
+      'saturation': SATURATION,
       'model': MODEL,
       'max_num_seqs': MAX_NUM_SEQS,
       'kv_pool_blocks': workload.cache_blocks,

@@ -356,9 +356,10 @@ def _engine(results):
       'the placement (seed, salt) whose simulated default-over-baseline '
       'ratio is the median is replayed for both arms: each worker\'s batches '
       'in emission order, at most max_in_flight at once, at their emission '
-      'times scaled so that the mean worker offers the load one server '
-      'sustains; workers one after another, the prefix cache reset before '
-      'each.',
+      f'times scaled so that the mean worker offers {engine["saturation"]} '
+      'times the load one server sustains (so that a worker\'s engine time '
+      'is its busy time); workers one after another, the prefix cache reset '
+      'before each. Further arms are replayed at the default\'s placement.',
       '',
   ]
   rows = []
