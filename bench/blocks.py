@@ -97,7 +97,18 @@ def _engine(results):
       f'gave {e["F3"]["throughput_ratio"]:.2f}x today\'s throughput in F3 '
       f'and {e["F2"]["throughput_ratio"]:.2f}x in F2 (simulated at that '
       f'placement: {e["F3"]["simulated_ratio"]:.2f}x and '
-      f'{e["F2"]["simulated_ratio"]:.2f}x).')
+      f'{e["F2"]["simulated_ratio"]:.2f}x).' + _engine_proposed(e))
+
+
+def _engine_proposed(e):
+  if 'proposed' not in e['F3'].get('arms', {}):
+    return ''
+  f3, f2 = e['F3']['arms']['proposed'], e['F2']['arms']['proposed']
+  return (
+      f' The proposed policy\'s batches, replayed at the same placements, '
+      f'gave {f3["throughput_ratio"]:.2f}x (F3) and '
+      f'{f2["throughput_ratio"]:.2f}x (F2), simulated '
+      f'{f3["simulated_ratio"]:.2f}x and {f2["simulated_ratio"]:.2f}x.')
 
 
 def _losses(results, name='default'):
