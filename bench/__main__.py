@@ -204,7 +204,10 @@ def main(argv=None) -> int:
     if server is not None:
       progress('B: waiting for vLLM')
       engine.wait_for_server(server, port, log)
-      arms = {name: strategies[name].build for name in ('baseline', 'default')}
+      arms = {
+          name: strategies[name].build
+          for name in ('baseline', 'default', 'proposed') if name in strategies
+      }
       reference = frames.Costs(FALLBACK_COSTS[0], FALLBACK_COSTS[1])
       results['engine_fleet'], results['engine'] = engine.engine_fleet(
           args.quick, port, model, arms, seeds, SALTS, middle, reference,
