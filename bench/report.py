@@ -390,7 +390,8 @@ def _engine(results):
   lines += ['']
   lines += _table([
       'frame',
-      'throughput ratio (default / baseline)',
+      'arm',
+      'throughput ratio (arm / baseline)',
       'simulated at that placement',
       'workers',
       'requests',
@@ -398,12 +399,14 @@ def _engine(results):
   ],
                   [[
                       frame,
-                      f'{f["throughput_ratio"]:.2f}',
-                      f'{f["simulated_ratio"]:.2f}',
+                      arm,
+                      f'{a["throughput_ratio"]:.2f}',
+                      f'{a["simulated_ratio"]:.2f}',
                       f['workers'],
                       f['requests'],
                       f['max_in_flight']
-                  ] for frame, f in fleet.items()])
+                  ] for frame, f in fleet.items()
+                   for arm, a in f['arms'].items() if arm != 'baseline'])
   lines += [
       '',
       f'Calibration ({cal["repetitions"]} repetitions, medians): '
