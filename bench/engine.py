@@ -26,9 +26,10 @@ Each worker's batches are sent as Beam sends them: in emission order, each
 as one completions request, at most MAX_IN_FLIGHT at once, at their
 emission times scaled so that the mean worker offers the load one server
 sustains. Workers are replayed one after another, the prefix cache reset
-before each; a worker's engine time runs from its first send to its last
-answer, and its computed prompt tokens come from the server's
-vllm:prefix_cache_* counters.
+before each, every arm's batches of a worker back to back in alternating
+order, twice; a worker's engine time runs from its first send to its last
+answer (median of the repetitions), and its computed prompt tokens come
+from the server's vllm:prefix_cache_* counters.
 """
 
 import concurrent.futures
@@ -322,6 +323,7 @@ def engine_fleet(
         model, [prompt_text(r.segments) for r in warm[i:i + MAX_NUM_SEQS]])
   progress('B: calibration')
   calibration = calibrate(port, model, workload.batch_size, 3)
+  repetitions = 1 if quick else 2
   out: dict = {}
   details: dict = {}
   for frame in (frames.F2, frames.F3):
@@ -338,16 +340,35 @@ def engine_fleet(
         base_figures['busiest_worker_work'] /
         base_figures['load_max_over_mean'] * calibration['seconds_per_token'])
     scale = mean_work_s / span_s / SATURATION
+    per_worker: dict = {}
+    for name, (batches, figures) in chosen['placed'].items():
+      placement = figures['placement']
+      for batch in sorted(batches, key=lambda b: b.emitted_us):
+        per_worker.setdefault(name,
+                              {}).setdefault(placement[batch.state_key],
+                                             []).append(batch)
+    # Worker by worker, every arm's batches of that worker back to back,
+    # in alternating order: a change of the machine's load hits the arms
+    # alike.
+    order = list(chosen['placed'])
+    runs: dict = {name: {} for name in order}
+    for w in range(workload.workers):
+      progress(f'B: {frame.name}, worker {w}, {repetitions} repetitions')
+      for repetition in range(repetitions):
+        turn = order if (repetition + w) % 2 == 0 else order[::-1]
+        for name in turn:
+          if w in per_worker[name]:
+            runs[name].setdefault(w, []).append(
+                replay_worker(port, model, per_worker[name][w], scale))
     arms_out = {}
     for name, (batches, figures) in chosen['placed'].items():
-      progress(f'B: {frame.name} {name}, median placement')
-      placement = figures['placement']
-      per_worker: dict = {}
-      for batch in sorted(batches, key=lambda b: b.emitted_us):
-        per_worker.setdefault(placement[batch.state_key], []).append(batch)
       workers = {
-          w: replay_worker(port, model, per_worker[w], scale)
-          for w in sorted(per_worker)
+          w: {
+              **replays[0],
+              'engine_s': statistics.median(r['engine_s'] for r in replays),
+              'engine_s_runs': [r['engine_s'] for r in replays],
+          }
+          for w, replays in sorted(runs[name].items())
       }
       arms_out[name] = {
           'busiest_worker_s': max(w['engine_s'] for w in workers.values()),
@@ -389,6 +410,7 @@ def engine_fleet(
       'workload': workload.describe(),
       'rate_per_worker': rate_per_worker,
       'saturation': SATURATION,
+      'repetitions': repetitions,
       'model': MODEL,
       'max_num_seqs': MAX_NUM_SEQS,
       'kv_pool_blocks': workload.cache_blocks,

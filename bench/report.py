@@ -359,7 +359,9 @@ def _engine(results):
       f'times scaled so that the mean worker offers {engine["saturation"]} '
       'times the load one server sustains (so that a worker\'s engine time '
       'is its busy time); workers one after another, the prefix cache reset '
-      'before each. Further arms are replayed at the default\'s placement.',
+      'before each, every arm\'s batches of a worker back to back in '
+      f'alternating order, {engine["repetitions"]} times (medians). Further '
+      'arms are replayed at the default\'s placement.',
       '',
   ]
   rows = []
