@@ -246,7 +246,7 @@ def _frames(results):
   ]
   for name in results.get('workloads', {}):
     lines += [f'* {name}: {_workload_line(results["workloads"][name])}.']
-  lines += ['']
+  lines += ['', '![frames](frames.png)', '']
   for frame in FRAME_ORDER:
     section = results['frames'].get(frame)
     if section is None:
