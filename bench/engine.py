@@ -19,25 +19,32 @@
 
 A vLLM CPU server runs a random-weight Llama big enough that prefill
 dominates a request's time. Its KV pool is sized like one simulated
-worker's cache. For each arm (a strategy), the workers' batch sequences
-are replayed one worker after another, each batch in emission order as one
-completions request, with the prefix cache reset before every worker. A
-worker's engine time is the sum of its batches' request times; its computed
-prompt tokens come from the server's vllm:prefix_cache_* counters, and the
-prefill share from its request_prefill_time and e2e_request_latency
-histograms. The arms alternate (ABBA), after a warm-up.
+worker's cache. The fleet (FLEET: 8 workers, 256 requests) is simulated
+for every placement of a frame (seeds x salts); the placement whose
+default-over-baseline ratio is the median is replayed for both arms.
+Each worker's batches are sent as Beam sends them: in emission order, each
+as one completions request, at most MAX_IN_FLIGHT at once, at their
+emission times scaled so that the mean worker offers the load one server
+sustains. Workers are replayed one after another, the prefix cache reset
+before each, every arm's batches of a worker back to back in alternating
+order, twice; a worker's engine time runs from its first send to its last
+answer (median of the repetitions), and its computed prompt tokens come
+from the server's vllm:prefix_cache_* counters.
 """
 
+import concurrent.futures
 import json
 import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from bench import fleet
+from bench import frames
 from bench.workloads import BLOCK_TOKENS
 from bench.workloads import MICROS
 from bench.workloads import FlatWorkload
@@ -65,6 +72,17 @@ ENGINE = FlatWorkload(
     prefix_tokens=832,
     suffix_tokens=64)
 MAX_NUM_SEQS = 8
+# The fleet replayed: W1's shape at 8 workers and 256 requests.
+FLEET = ENGINE.scaled(requests=256, workers=8)
+# Batches a worker has at the engine at once (Beam's RunInference threads).
+MAX_IN_FLIGHT = 12
+# Arrival times are scaled so that the mean worker offers this many times
+# what one server sustains: every worker is then busy from its first batch
+# to its last, and its engine time is its busy time, which throughput needs
+# (at 1x, a worker with less work than the baseline's waits for arrivals).
+SATURATION = 4
+# The decode length of the calibration's decode measurement.
+DECODE_TOKENS = 32
 # The segment kind of the calibration prompts.
 CALIBRATION = 9
 
@@ -137,7 +155,7 @@ def _post(port, path, body=None, timeout=600):
     return json.loads(response.read() or b'null')
 
 
-def complete(port, model, prompts) -> float:
+def complete(port, model, prompts, max_tokens=1) -> float:
   """Sends one batch; returns its request time in seconds."""
   started = time.perf_counter()
   answer = _post(
@@ -146,7 +164,9 @@ def complete(port, model, prompts) -> float:
       {
           'model': str(model),
           'prompt': prompts,
-          'max_tokens': 1,
+          'max_tokens': max_tokens,
+          'min_tokens': max_tokens,
+          'ignore_eos': True,
           'temperature': 0,
       })
   seconds = time.perf_counter() - started
@@ -155,57 +175,14 @@ def complete(port, model, prompts) -> float:
   return seconds
 
 
-def replay_arm(port, model, batches) -> dict:
-  """Replays an arm's batches worker by worker; returns its raw figures."""
-  per_worker = {}
-  for batch in sorted(batches, key=lambda b: b.emitted_us):
-    per_worker.setdefault(batch.worker, []).append(batch)
-  workers = {}
-  timed = []
-  before_arm = engines.prometheus_counters(port, COUNTERS)
-  for worker in sorted(per_worker):
-    _post(port, '/reset_prefix_cache', timeout=60)
-    before = engines.prometheus_counters(port, COUNTERS)
-    seconds = 0.0
-    for batch in per_worker[worker]:
-      counted = engines.prometheus_counters(port, (HITS, QUERIES))
-      took = complete(
-          port, model, [prompt_text(r.segments) for r in batch.requests])
-      after_batch = engines.prometheus_counters(port, (HITS, QUERIES))
-      computed = (after_batch[QUERIES] - counted[QUERIES]) - (
-          after_batch[HITS] - counted[HITS])
-      timed.append((computed, took))
-      seconds += took
-    after = engines.prometheus_counters(port, COUNTERS)
-    queries = after[QUERIES] - before[QUERIES]
-    hits = after[HITS] - before[HITS]
-    workers[worker] = {
-        'engine_s': seconds,
-        'prompt_tokens_computed': queries - hits,
-        'prompt_tokens': queries,
-        'batches': len(per_worker[worker]),
-    }
-  after_arm = engines.prometheus_counters(port, COUNTERS)
-  return {
-      'workers': workers,
-      'busiest_worker_s': max(w['engine_s'] for w in workers.values()),
-      'prompt_tokens_computed': sum(
-          w['prompt_tokens_computed'] for w in workers.values()),
-      'hit_rate': 1 -
-      sum(w['prompt_tokens_computed'] for w in workers.values()) /
-      sum(w['prompt_tokens'] for w in workers.values()),
-      'prefill_share': (after_arm[PREFILL] - before_arm[PREFILL]) /
-      (after_arm[E2E] - before_arm[E2E]),
-      'batches': timed,
-  }
-
-
 def calibrate(port, model, batch_size, repetitions) -> dict:
   """The engine's costs, from dedicated batches: a cold prompt, the same
-  prompt again (all but its last partial block cached), and batch_size
-  copies of it. Medians over repetitions of: seconds per computed token,
-  a batch's fixed cost (one cached request) and each further request's."""
-  per_token, first, further = [], [], []
+  prompt again (all but its last partial block cached), batch_size copies
+  of it, and those copies decoding DECODE_TOKENS more tokens. Medians over
+  repetitions of: seconds per computed token, a batch's fixed cost (one
+  cached request), each further request's, and a decoded token's per
+  request of a full batch."""
+  per_token, first, further, decode = [], [], [], []
   for repetition in range(repetitions):
     _post(port, '/reset_prefix_cache', timeout=60)
     prompt = prompt_text(
@@ -216,6 +193,9 @@ def calibrate(port, model, batch_size, repetitions) -> dict:
     warm = complete(port, model, [prompt])
     warm_after = engines.prometheus_counters(port, (HITS, QUERIES))
     many = complete(port, model, [prompt] * batch_size)
+    decoding = complete(
+        port, model, [prompt] * batch_size, max_tokens=DECODE_TOKENS + 1)
+    decode.append((decoding - many) / (DECODE_TOKENS * batch_size))
 
     def computed(start, end):
       return (end[QUERIES] - start[QUERIES]) - (end[HITS] - start[HITS])
@@ -232,21 +212,91 @@ def calibrate(port, model, batch_size, repetitions) -> dict:
       'request_overhead_s': statistics.median(further),
       'batch_overhead_tokens': statistics.median(first) / seconds_per_token,
       'request_overhead_tokens': statistics.median(further) / seconds_per_token,
+      'decode_token_s': statistics.median(decode),
+      'decode_token_tokens': statistics.median(decode) / seconds_per_token,
+      'decode_batch_size': batch_size,
       'repetitions': repetitions,
   }
 
 
-def fit_overhead(timed) -> dict:
-  """Least squares of a batch's seconds on its computed tokens: the
-  per-batch overhead, in seconds and in computed-token equivalents."""
-  xs = [float(x) for x, _ in timed]
-  ys = [y for _, y in timed]
-  slope, intercept = statistics.linear_regression(xs, ys)
+def replay_worker(port, model, batches, scale) -> dict:
+  """Sends one worker's batches at their scaled emission times, at most
+  MAX_IN_FLIGHT at once, in order; returns its engine time (first send to
+  last answer) and the prompt tokens it computed."""
+  _post(port, '/reset_prefix_cache', timeout=60)
+  before = engines.prometheus_counters(port, (HITS, QUERIES))
+  slots = threading.Semaphore(MAX_IN_FLIGHT)
+  first_us = batches[0].emitted_us
+  started = time.perf_counter()
+  ends = []
+
+  def send(batch):
+    try:
+      complete(port, model, [prompt_text(r.segments) for r in batch.requests])
+      ends.append(time.perf_counter())
+    finally:
+      slots.release()
+
+  with concurrent.futures.ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+    futures = []
+    for batch in batches:
+      due = started + (batch.emitted_us - first_us) / MICROS * scale
+      time.sleep(max(0.0, due - time.perf_counter()))
+      slots.acquire()
+      futures.append(pool.submit(send, batch))
+    for future in futures:
+      future.result()
+  after = engines.prometheus_counters(port, (HITS, QUERIES))
   return {
-      'seconds_per_token': slope,
-      'batch_overhead_s': intercept,
-      'batch_overhead_tokens': intercept / slope,
-      'batches': len(timed),
+      'engine_s': max(ends) - started,
+      'prompt_tokens_computed': (after[QUERIES] - before[QUERIES]) -
+      (after[HITS] - before[HITS]),
+      'prompt_tokens': after[QUERIES] - before[QUERIES],
+      'batches': len(batches),
+      'requests': sum(len(b.requests) for b in batches),
+  }
+
+
+def median_placement(
+    workload, rate_per_worker, frame, seeds, salts, arms, costs) -> dict:
+  """Simulates both arms in every placement of the frame; returns the
+  placement whose default-over-baseline ratio is the median, with each
+  arm's batches and the workers that placement gives them."""
+  runs = []
+  for seed in seeds:
+    requests = workload.requests_at(rate_per_worker, seed)
+    copies = frames.copy_of(requests, frame, seed)
+    formed = {
+        name: fleet.form_batches(
+            requests,
+            build(workload, requests, copies, seed),
+            workload.batch_size,
+            MICROS)
+        for name, build in arms.items()
+    }
+    for salt in salts:
+      placed = {}
+      for name, batches in formed.items():
+        figures = frames.place_and_evaluate(
+            batches,
+            frame,
+            salt,
+            workload.workers,
+            workload.cache_blocks,
+            costs)
+        placed[name] = (batches, figures)
+      ratio = (
+          placed['baseline'][1]['busiest_worker_work'] /
+          placed['default'][1]['busiest_worker_work'])
+      runs.append((ratio, seed, salt, placed))
+  ratios = [run[0] for run in runs]
+  ratio, seed, salt, placed = runs[frames.median_index(ratios)]
+  return {
+      'simulated_ratio': ratio,
+      'simulated_ratios': ratios,
+      'seed': seed,
+      'salt': salt,
+      'placed': placed,
   }
 
 
@@ -255,22 +305,18 @@ def engine_fleet(
     port: int,
     model: Path,
     arms: dict,
-    seed,
+    seeds,
+    salts,
     rate_per_worker,
+    costs,
     progress) -> tuple[dict, dict]:
-  """arms: name -> builder(workload, requests, seed) -> route (as in
-  streaming.strategies). Returns (engine_fleet figures, engine details)."""
-  workload = ENGINE.scaled(requests=32 if quick else ENGINE.requests)
-  requests = workload.requests_at(rate_per_worker, seed)
-  batches = {}
-  simulated = {}
-  for name, build in arms.items():
-    batches[name] = fleet.form_batches(
-        requests, build(workload, requests, seed), workload.batch_size, MICROS)
-    simulated[name] = fleet.evaluate(
-        batches[name], workload.workers, workload.cache_blocks, 0)
+  """arms: {'baseline': build, 'default': build, ...} with build(workload,
+  requests, copies, seed) -> route; more arms (a proposed policy) are
+  replayed at the default's median placement. Returns (engine_fleet,
+  engine)."""
+  workload = FLEET.scaled(requests=128) if quick else FLEET
   progress('B: warm-up')
-  warm = workload.scaled(prefixes=4).requests_at(rate_per_worker, f'{seed}/w')
+  warm = workload.scaled(prefixes=4).requests_at(rate_per_worker, 'warm')
   for i in range(0, 16, MAX_NUM_SEQS):
     complete(
         port,
@@ -278,44 +324,96 @@ def engine_fleet(
   progress('B: calibration')
   calibration = calibrate(port, model, workload.batch_size, 3)
   repetitions = 1 if quick else 2
-  runs: dict = {name: [] for name in arms}
-  order = list(arms)
-  for repetition in range(repetitions):
-    for name in order if repetition % 2 == 0 else order[::-1]:
-      progress(f'B: {name}, repetition {repetition + 1}/{repetitions}')
-      runs[name].append(replay_arm(port, model, batches[name]))
-  calibration['fit_over_replayed_batches'] = fit_overhead([
-      pair for arm_runs in runs.values() for run in arm_runs
-      for pair in run['batches']
-  ])
-  figures = {
-      name: {
-          field: statistics.median(run[field] for run in arm_runs)
-          for field in (
-              'prompt_tokens_computed', 'busiest_worker_s', 'prefill_share',
-              'hit_rate')
+  out: dict = {}
+  details: dict = {}
+  for frame in (frames.F2, frames.F3):
+    chosen = median_placement(
+        workload, rate_per_worker, frame, seeds, salts, arms, costs)
+    # Scale time so that the mean worker offers SATURATION times what one
+    # server sustains: its simulated work, in seconds, over the run's span.
+    base_batches, base_figures = chosen['placed']['baseline']
+    span_s = (
+        max(b.emitted_us
+            for b in base_batches) - min(b.emitted_us
+                                         for b in base_batches)) / MICROS
+    mean_work_s = (
+        base_figures['busiest_worker_work'] /
+        base_figures['load_max_over_mean'] * calibration['seconds_per_token'])
+    scale = mean_work_s / span_s / SATURATION
+    per_worker: dict = {}
+    for name, (batches, figures) in chosen['placed'].items():
+      placement = figures['placement']
+      for batch in sorted(batches, key=lambda b: b.emitted_us):
+        per_worker.setdefault(name,
+                              {}).setdefault(placement[batch.state_key],
+                                             []).append(batch)
+    # Worker by worker, every arm's batches of that worker back to back,
+    # in alternating order: a change of the machine's load hits the arms
+    # alike.
+    order = list(chosen['placed'])
+    runs: dict = {name: {} for name in order}
+    for w in range(workload.workers):
+      progress(f'B: {frame.name}, worker {w}, {repetitions} repetitions')
+      for repetition in range(repetitions):
+        turn = order if (repetition + w) % 2 == 0 else order[::-1]
+        for name in turn:
+          if w in per_worker[name]:
+            runs[name].setdefault(w, []).append(
+                replay_worker(port, model, per_worker[name][w], scale))
+    arms_out = {}
+    for name, (batches, figures) in chosen['placed'].items():
+      workers = {
+          w: {
+              **replays[0],
+              'engine_s': statistics.median(r['engine_s'] for r in replays),
+              'engine_s_runs': [r['engine_s'] for r in replays],
+          }
+          for w, replays in sorted(runs[name].items())
       }
-      for name, arm_runs in runs.items()
-  }
-  for name in arms:
-    figures[name]['simulated_prompt_tokens_computed'] = simulated[name][
-        'prompt_tokens_computed']
-    figures[name]['simulated_hit_rate'] = simulated[name]['hit_rate']
-    figures[name]['throughput_ratio'] = (
-        figures['baseline']['busiest_worker_s'] /
-        figures[name]['busiest_worker_s'])
-  figures['throughput_ratio'] = figures['default']['throughput_ratio']
-  for arm_runs in runs.values():
-    for run in arm_runs:
-      run['batches'] = [[x, round(y, 6)] for x, y in run['batches']]
-  return figures, {
+      arms_out[name] = {
+          'busiest_worker_s': max(w['engine_s'] for w in workers.values()),
+          'prompt_tokens_computed': sum(
+              w['prompt_tokens_computed'] for w in workers.values()),
+          'hit_rate': 1 -
+          sum(w['prompt_tokens_computed'] for w in workers.values()) /
+          sum(w['prompt_tokens'] for w in workers.values()),
+          'simulated_hit_rate': figures['hit_rate'],
+          'simulated_prompt_tokens_computed': figures['prompt_tokens_computed'],
+          'workers': workers,
+      }
+    out[frame.name] = {
+        'throughput_ratio': arms_out['baseline']['busiest_worker_s'] /
+        arms_out['default']['busiest_worker_s'],
+        'arms': {
+            name: {
+                'throughput_ratio': arms_out['baseline']['busiest_worker_s'] /
+                arm['busiest_worker_s'],
+                'simulated_ratio': chosen['placed']['baseline'][1]
+                ['busiest_worker_work'] /
+                chosen['placed'][name][1]['busiest_worker_work'],
+            }
+            for name, arm in arms_out.items()
+        },
+        'simulated_ratio': chosen['simulated_ratio'],
+        'workers': workload.workers,
+        'requests': workload.requests,
+        'max_in_flight': MAX_IN_FLIGHT,
+    }
+    details[frame.name] = {
+        'seed': chosen['seed'],
+        'salt': chosen['salt'],
+        'simulated_ratios': chosen['simulated_ratios'],
+        'time_scale': scale,
+        'arms': arms_out,
+    }
+  return out, {
       'workload': workload.describe(),
       'rate_per_worker': rate_per_worker,
-      'seed': seed,
+      'saturation': SATURATION,
       'repetitions': repetitions,
       'model': MODEL,
       'max_num_seqs': MAX_NUM_SEQS,
       'kv_pool_blocks': workload.cache_blocks,
       'calibration': calibration,
-      'runs': runs,
+      'frames': details,
   }

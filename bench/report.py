@@ -28,20 +28,41 @@ import statistics
 import sys
 from pathlib import Path
 
-LABELS = {
-    'baseline': "today's stateful BatchElements, one shared key per worker",
-    'keyed_1': 'keyed, 1 shard per key',
-    'keyed_8': 'keyed, 8 shards per key, a random shard per element',
-    'default': 'keyed, PrefixBatchingConfig() default num_shards',
-    'keyed_8_sticky': 'keyed, 8 shards per key, runs of a batch per shard',
-    'traffic_sized': 'keyed, ceil(share x workers) shards per key',
-    'adaptive': 'keyed, AdaptiveNumShards() learning shares online',
-    'oracle': 'oracle: popularity-aware placement, same caches and batches',
+WORKLOADS = ('W1', 'W2', 'W3')
+ORDER = (
+    'baseline',
+    'stateless',
+    'default',
+    'keyed_8',
+    'adaptive',
+    'proposed',
+    'oracle')
+FRAME_ORDER = ('F3', 'F2', 'F2_P16', 'F2_P32', 'F1')
+FRAME_TEXT = {
+    'F1': 'the committed frame, kept as the worst case: the baseline batches '
+    'on the worker that read the request (one shared key per worker, '
+    'perfectly balanced); keyed state keys are hashed onto workers',
+    'F2': 'every state key hashed onto a worker (a runner that places keys by '
+    'a static hash); the baseline has one UUID key per SDK process, P = 8 '
+    'per worker, hashed like every other state key',
+    'F2_P16': 'F2 with P = 16 SDK processes per worker',
+    'F2_P32': 'F2 with P = 32 SDK processes per worker',
+    'F3': 'both sides on contiguous ranges of hashed keys, cut by measured '
+    'work and re-cut 5 times on the mean work measured so far (a runner '
+    'that balances key ranges, as Dataflow streaming does); P = 8',
 }
-
-
-def _label(name):
-  return LABELS.get(name, name)
+# The goals of issue 20 for the default config, at the middle rate.
+GOALS = {
+    'F3': {
+        'W1': 2.5, 'W2': 2.5, 'W3': 1.5
+    },
+    'F2': {
+        'W1': 2.0, 'W2': 2.0, 'W3': 1.4
+    },
+}
+SWEEP_MIN_GOAL = 1.0
+CACHE_X8_GOAL = 0.97
+ENGINE_GOALS = {'F3': 1.5, 'F2': 1.3}
 
 
 def _f(value, digits=3):
@@ -52,21 +73,26 @@ def _f(value, digits=3):
   return str(value)
 
 
-def _spread(row, field, digits=3):
-  low, high = row['spread'][field]
-  return f'{low:.{digits}f}-{high:.{digits}f}'
-
-
 def _table(header, rows):
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   lines += ['| ' + ' | '.join(_f(c) for c in row) + ' |' for row in rows]
   return lines
 
 
+def _ratio(row):
+  return (
+      f'{row["throughput_vs_baseline"]:.2f} '
+      f'({row["throughput_min"]:.2f}-{row["throughput_max"]:.2f})')
+
+
+def _label(results, name):
+  return results['meta']['strategies'].get(name, name)
+
+
 def _meta(results):
   meta = results['meta']
   lines = [
-      '# Prefix-aware batching: benchmark report',
+      '# Prefix-aware batching: benchmark report (v3)',
       '',
       f'Generated from `results.json` by `bench/report.py`. Command: '
       f'`{meta["command"]}`, started {meta["started_utc"]}, took '
@@ -74,19 +100,28 @@ def _meta(results):
       f'{meta["python"]}.',
       '',
       f'Patched tree (build/beam) at commit `{meta["beam_tree_commit"]}`; '
-      f'seeds {meta["seeds"]}; arrival rates per worker '
-      f'{meta["rates_per_worker"]} (tables at '
-      f'{meta["middle_rate_per_worker"]}); default num_shards '
-      f'`{meta["default_num_shards"]}`; AdaptiveNumShards in the tree: '
-      f'{meta["adaptive"]}; overhead {meta["batch_overhead_tokens"]:.1f} '
-      f'computed-token equivalents per batch and '
-      f'{meta["request_overhead_tokens"]:.1f} per further request of a '
-      f'batch (from the {meta["overhead_source"]}).',
+      f'`PrefixBatchingConfig()` defaults to num_shards '
+      f'`{meta["default_num_shards"]}`; 0010\'s policy at its defaults: '
+      f'`{meta["adaptive_num_shards"]}`. Seeds {meta["seeds"]} x salts '
+      f'{meta["salts"]} = {meta["placements"]} placements per point; '
+      f'arrival rates per worker {meta["rates_per_worker"]} (frame tables '
+      f'at {meta["middle_rate_per_worker"]}); buffering '
+      f'{meta["buffering_s"]} s; {meta["threads_per_process"]} threads per '
+      'SDK process. Costs, in prompt-token equivalents (from the '
+      f'{meta["costs_source"]}): {meta["batch_overhead_tokens"]:.1f} per '
+      f'batch, {meta["request_overhead_tokens"]:.1f} per further request of '
+      f'a batch, {meta["decode_token_tokens"]:.2f} per decoded token of a '
+      'request.',
       '',
   ]
   if meta['skipped']:
     lines += [f'Phases left out of this run: {", ".join(meta["skipped"])}.', '']
   lines += _table(['package', 'version'], sorted(meta['packages'].items()))
+  lines += ['', 'Strategies:', '']
+  lines += [
+      f'* `{name}`: {meta["strategies"][name]}' for name in ORDER
+      if name in meta['strategies']
+  ]
   return lines + ['']
 
 
@@ -98,17 +133,20 @@ def _validation(results):
   lines = [
       '## Validation: the real transforms against the simulator',
       '',
-      f'`BatchElements` from the patched tree on the streaming DirectRunner, '
-      f'fed by a TestStream at {v["rate_per_worker"]} requests/s per worker '
+      f'`BatchElements` from the patched tree on the {v["runner"]}, fed by a '
+      f'TestStream at {v["rate_per_worker"]} requests/s per worker '
       f'({w["requests"]} requests, {w["prefixes"]} keys, Zipf '
       f'{w["zipf_s"]}, {w["workers"]} workers, batches of '
       f'{w["batch_size"]}, buffering {v["buffering_s"]} s, seed '
-      f'{v["seed"]}); the baseline gets one worker\'s requests. "exact": the '
-      'simulator formed the same batches.',
+      f'{v["seed"]}); one SDK process reads every request. The simulator '
+      'models each policy\'s lifecycle on this runner (a DoFn instance per '
+      'bundle, a bundle per element). "exact": the simulator formed the '
+      'same batches.',
       '',
   ]
   rows = [[
       name,
+      r['num_shards'],
       r['requests'],
       r['batches_real'],
       r['batches_simulated'],
@@ -119,6 +157,7 @@ def _validation(results):
   ] for name, r in v['runs'].items()]
   return lines + _table([
       'strategy',
+      'num_shards',
       'requests',
       'real batches',
       'simulated',
@@ -130,107 +169,175 @@ def _validation(results):
                         rows) + ['']
 
 
+def _goals(results):
+  if 'frames' not in results:
+    return []
+  frames = results['frames']
+  lines = [
+      '## The goals of issue 20 (default config)',
+      '',
+      'Median over placements of the default\'s throughput over the '
+      'baseline placed in the same frame, at the middle rate.',
+      '',
+  ]
+  rows = []
+  for frame, goals in GOALS.items():
+    for w, goal in goals.items():
+      row = frames[frame][w]['default']
+      value = row['throughput_vs_baseline']
+      rows.append([
+          frame,
+          w,
+          _ratio(row),
+          f'>= {goal}',
+          'met' if value >= goal else 'NOT met'
+      ])
+  for frame in ('F2', 'F3'):
+    if 'sweep_min' in results:
+      entry = results['sweep_min'][frame]['default']
+      at = entry['at']
+      rows.append([
+          frame,
+          f'sweep_min ({at["workload"]}, {at["varied"]} {at["value"]})',
+          f'{entry["throughput_vs_baseline"]:.2f}',
+          f'>= {SWEEP_MIN_GOAL}',
+          'met'
+          if entry['throughput_vs_baseline'] >= SWEEP_MIN_GOAL else 'NOT met'
+      ])
+    if 'cache_x8' in results:
+      for w, arms in results['cache_x8'][frame].items():
+        value = arms['default']['throughput_vs_baseline']
+        rows.append([
+            frame,
+            f'cache_x8 {w}',
+            f'{value:.2f}',
+            f'>= {CACHE_X8_GOAL}',
+            'met' if value >= CACHE_X8_GOAL else 'NOT met'
+        ])
+  if 'engine_fleet' in results:
+    for frame, goal in ENGINE_GOALS.items():
+      value = results['engine_fleet'][frame]['throughput_ratio']
+      rows.append([
+          frame,
+          'engine fleet',
+          f'{value:.2f}',
+          f'>= {goal}',
+          'met' if value >= goal else 'NOT met'
+      ])
+  return lines + _table(['frame', 'workload', 'default', 'goal', ''],
+                        rows) + ['']
+
+
 def _workload_line(w):
   skip = {'name', 'bound'}
   return ', '.join(f'{k} {v}' for k, v in w.items() if k not in skip)
 
 
-def _streaming(results):
-  if 'streaming' not in results:
+def _frames(results):
+  if 'frames' not in results:
     return []
-  meta = results['meta']
   lines = [
-      '## A. The streaming fleet',
+      '## A. The fleet in three frames',
       '',
-      f'Requests arrive as a Poisson process at '
-      f'{meta["middle_rate_per_worker"]} requests/s per worker; medians '
-      f'over {len(meta["seeds"])} seeds, min-max in the spread columns. '
-      'Throughput is requests over the busiest worker\'s work (computed '
-      'prompt tokens plus the batch and request overheads), relative to the '
-      'baseline, and as a percentage of the oracle\'s. Every strategy sees '
-      'the same requests.',
+      'Requests arrive as a Poisson process; every strategy sees the same '
+      'requests and is placed like the baseline. Throughput is requests over '
+      'the busiest worker\'s work, over the baseline\'s in the same frame and '
+      'placement: medians over placements, min-max in brackets.',
       '',
   ]
-  for name, rows in results['streaming'].items():
-    w = results['workloads'][name]
+  for name in results.get('workloads', {}):
+    lines += [f'* {name}: {_workload_line(results["workloads"][name])}.']
+  lines += ['', '![frames](frames.png)', '']
+  for frame in FRAME_ORDER:
+    section = results['frames'].get(frame)
+    if section is None:
+      continue
+    names = [n for n in ORDER if n in section[WORKLOADS[0]]]
     lines += [
-        f'### {name}',
+        f'### {frame}',
         '',
-        _workload_line(w) + '.',
-        '',
-        f'Loose bound (every distinct block computed once, no cache limit): '
-        f'hit rate {w["bound"]["hit_rate"]:.3f}.',
+        f'{FRAME_TEXT[frame]}; {section["placements"]} placements.',
         '',
     ]
-    table = []
-    for strategy, row in rows.items():
-      table.append([
-          _label(strategy),
-          row['hit_rate'],
-          _spread(row, 'hit_rate'),
-          f'{row["throughput_vs_baseline"]:.2f}',
-          _spread(row, 'throughput_vs_baseline', 2),
-          f'{row["throughput_pct_of_oracle"]:.0f}%',
-          f'{row["load_max_over_mean"]:.2f}',
-          f'{row["p50_delay_s"]:.2f}',
-          f'{row["p99_delay_s"]:.2f}',
-          f'{row["mean_batch_size"]:.2f}',
-          row['purity'],
-      ])
-    lines += _table([
-        'strategy',
-        'hit rate',
-        'spread',
-        'throughput vs baseline',
-        'spread',
-        '% of oracle',
-        'load max/mean',
-        'p50 delay (s)',
-        'p99 delay (s)',
-        'mean batch',
-        'purity'
-    ],
-                    table)
-    lines += ['', f'![{name}]({name.lower()}_rates.png)', '']
+    rows = [[name] + [_ratio(section[w][name]) for w in WORKLOADS]
+            for name in names]
+    lines += _table(['strategy'] +
+                    [f'{w} throughput vs baseline' for w in WORKLOADS],
+                    rows)
+    lines += ['']
+    rows = []
+    for name in names:
+      row = [name]
+      for w in WORKLOADS:
+        r = section[w][name]
+        row.append(
+            f'{r["hit_rate"]:.3f} / {r["load_max_over_mean"]:.2f} / '
+            f'{r["mean_batch_size"]:.2f} / {r["p99_delay_s"]:.2f}')
+      rows.append(row)
+    lines += _table(['strategy'] +
+                    [f'{w} hit / load / batch / p99 s' for w in WORKLOADS],
+                    rows)
+    lines += ['']
   return lines
 
 
 def _sweep(results):
-  if 'streaming_sweep' not in results:
+  if 'sweep' not in results:
     return []
+  meta = results['meta']['sweep']
   lines = [
       '## The sweep',
       '',
-      'Throughput vs baseline (median over seeds) as one thing varies at a '
-      'time; the hit rate follows in brackets.',
+      'One thing varies at a time from the frame tables\' point; each point '
+      f'runs {meta["side_fraction"]} of the workload\'s requests. Throughput '
+      'vs baseline, median over placements (hit rate in brackets). Cache x8 '
+      'is reported apart (cache_x8): it is the regime where every '
+      'worker\'s cache holds most of the working set.',
       '',
   ]
-  entries = results['streaming_sweep']
-  strategies = [
-      s for s in results['meta']['strategies'] if s in entries[0]['strategies']
-  ]
-  for workload in dict.fromkeys(e['workload'] for e in entries):
-    for varied in dict.fromkeys(e['varied'] for e in entries
-                                if e['workload'] == workload):
-      chosen = [
-          e for e in entries
-          if e['workload'] == workload and e['varied'] == varied
-      ]
-      lines += [f'### {workload}: {varied}', '']
+  entries = results['sweep']
+  for frame in ('F2', 'F3'):
+    for w in WORKLOADS:
+      chosen = [e for e in entries if e['workload'] == w]
+      if not chosen:
+        continue
+      names = [n for n in ORDER if n in chosen[0]['frames'][frame]]
+      lines += [f'### {w}, {frame}', '']
       rows = []
       for e in chosen:
-        rows.append([
-            e['rate_per_worker'],
-            e['cache_prefixes'],
-            e['zipf_s'],
-            e['requests'],
-        ] + [
-            f'{e["strategies"][s]["throughput_vs_baseline"]:.2f} '
-            f'({e["strategies"][s]["hit_rate"]:.2f})' for s in strategies
+        cells = e['frames'][frame]
+        rows.append([f'{e["varied"]} {e["value"]}', e['requests']] + [
+            f'{cells[n]["throughput_vs_baseline"]:.2f} '
+            f'({cells[n]["hit_rate"]:.2f})' for n in names
         ])
-      lines += _table(['rate', 'cache', 'zipf', 'requests'] + strategies,
-                      rows) + ['']
-  return lines
+      lines += _table(['point', 'requests'] + names, rows) + ['']
+  lines += ['### sweep_min and cache_x8', '']
+  rows = []
+  for frame, arms in results['sweep_min'].items():
+    for name, entry in arms.items():
+      at = entry['at']
+      rows.append([
+          frame,
+          name,
+          f'{entry["throughput_vs_baseline"]:.2f}',
+          f'{at["workload"]} {at["varied"]} {at["value"]}',
+          ', '.join(f'{w} {v:.2f}' for w, v in entry['by_workload'].items()),
+      ])
+  lines += _table(['frame', 'strategy', 'sweep_min', 'at', 'per workload'],
+                  rows) + ['']
+  rows = []
+  for frame, by_w in results['cache_x8'].items():
+    for w, arms in by_w.items():
+      rows.append([frame, w] + [
+          f'{arms[n]["throughput_vs_baseline"]:.2f} '
+          f'({arms[n]["throughput_min"]:.2f}-{arms[n]["throughput_max"]:.2f})'
+          for n in arms if n != 'baseline'
+      ])
+  some = next(iter(next(iter(results['cache_x8'].values())).values()))
+  lines += _table(['frame', 'workload'] +
+                  [f'{n} (cache x8)' for n in some if n != 'baseline'],
+                  rows)
+  return lines + ['']
 
 
 def _engine(results):
@@ -239,71 +346,84 @@ def _engine(results):
   fleet, engine = results['engine_fleet'], results['engine']
   w = engine['workload']
   cal = engine['calibration']
-  arms = [name for name in fleet if isinstance(fleet[name], dict)]
   lines = [
-      f'## B. A real engine as a fleet: {engine["name"]}',
+      f'## B. The fleet replayed on a real engine: {engine["name"]}',
       '',
-      f'A random-weight Llama ({", ".join(f"{k} {v}" for k, v in engine["model"].items())}), '
-      f'KV pool of {engine["kv_pool_blocks"]} blocks (one worker\'s cache), '
-      f'max {engine["max_num_seqs"]} sequences. Workload: '
-      f'{_workload_line(w)}, at {engine["rate_per_worker"]} requests/s per '
-      f'worker, seed {engine["seed"]}; {engine["repetitions"]} '
-      'repetitions per arm, alternating; medians. Workers replay one after '
-      'another, the prefix cache reset before each.',
+      'A random-weight Llama ('
+      f'{", ".join(f"{k} {v}" for k, v in engine["model"].items())}), KV pool '
+      f'of {engine["kv_pool_blocks"]} blocks (one worker\'s cache), max '
+      f'{engine["max_num_seqs"]} sequences. Workload: {_workload_line(w)}, at '
+      f'{engine["rate_per_worker"]} requests/s per worker. For each frame, '
+      'the placement (seed, salt) whose simulated default-over-baseline '
+      'ratio is the median is replayed for both arms: each worker\'s batches '
+      'in emission order, at most max_in_flight at once, at their emission '
+      f'times scaled so that the mean worker offers {engine["saturation"]} '
+      'times the load one server sustains (so that a worker\'s engine time '
+      'is its busy time); workers one after another, the prefix cache reset '
+      'before each, every arm\'s batches of a worker back to back in '
+      f'alternating order, {engine["repetitions"]} times (medians). Further '
+      'arms are replayed at the default\'s placement.',
       '',
   ]
-  rows = [[
-      name,
-      fleet[name]['prompt_tokens_computed'],
-      fleet[name]['simulated_prompt_tokens_computed'],
-      fleet[name]['hit_rate'],
-      fleet[name]['simulated_hit_rate'],
-      fleet[name]['busiest_worker_s'],
-      fleet[name]['prefill_share'],
-      fleet[name]['throughput_ratio'],
-  ] for name in arms]
+  rows = []
+  for frame, figures in fleet.items():
+    d = engine['frames'][frame]
+    for arm, a in d['arms'].items():
+      rows.append([
+          frame,
+          arm,
+          f'{d["seed"]}/{d["salt"]}',
+          f'{a["busiest_worker_s"]:.2f}',
+          f'{a["prompt_tokens_computed"]:.0f}',
+          f'{a["simulated_prompt_tokens_computed"]:.0f}',
+          f'{a["hit_rate"]:.3f}',
+          f'{a["simulated_hit_rate"]:.3f}',
+      ])
   lines += _table([
+      'frame',
       'arm',
+      'placement',
+      'busiest worker (s)',
       'prompt tokens computed',
       'simulated',
       'hit rate',
-      'simulated',
-      'busiest worker (s)',
-      'prefill share',
-      'throughput vs baseline'
+      'simulated'
   ],
                   rows)
+  lines += ['']
+  lines += _table([
+      'frame',
+      'arm',
+      'throughput ratio (arm / baseline)',
+      'simulated at that placement',
+      'workers',
+      'requests',
+      'max in flight'
+  ],
+                  [[
+                      frame,
+                      arm,
+                      f'{a["throughput_ratio"]:.2f}',
+                      f'{a["simulated_ratio"]:.2f}',
+                      f['workers'],
+                      f['requests'],
+                      f['max_in_flight']
+                  ] for frame, f in fleet.items()
+                   for arm, a in f['arms'].items() if arm != 'baseline'])
   lines += [
-      '',
-      f'Throughput ratio, default against baseline, from the busiest '
-      f'worker\'s engine time: {fleet["throughput_ratio"]:.2f}.',
       '',
       f'Calibration ({cal["repetitions"]} repetitions, medians): '
       f'{cal["seconds_per_token"] * 1e3:.3f} ms per computed token, '
       f'{cal["batch_overhead_s"] * 1e3:.1f} ms per batch '
-      f'({cal["batch_overhead_tokens"]:.1f} token equivalents) and '
+      f'({cal["batch_overhead_tokens"]:.1f} token equivalents), '
       f'{cal["request_overhead_s"] * 1e3:.1f} ms per further request '
-      f'({cal["request_overhead_tokens"]:.1f}). A least-squares fit of the '
-      f'{cal["fit_over_replayed_batches"]["batches"]} replayed batches\' '
-      'times on their computed tokens gives '
-      f'{cal["fit_over_replayed_batches"]["seconds_per_token"] * 1e3:.3f} '
-      'ms per token and '
-      f'{cal["fit_over_replayed_batches"]["batch_overhead_s"] * 1e3:.1f} ms '
-      'per batch.',
-      '',
-      'Per run and worker (engine seconds / computed tokens):',
+      f'({cal["request_overhead_tokens"]:.1f}), '
+      f'{cal["decode_token_s"] * 1e3:.2f} ms per decoded token of a request '
+      f'in a batch of {cal["decode_batch_size"]} '
+      f'({cal["decode_token_tokens"]:.2f}).',
       '',
   ]
-  rows = []
-  for name, runs in engine['runs'].items():
-    for i, run in enumerate(runs):
-      rows.append([name, i + 1] + [
-          f'{wk["engine_s"]:.2f} / {wk["prompt_tokens_computed"]:.0f}'
-          for _, wk in sorted(run['workers'].items())
-      ])
-  width = max(len(r) for r in rows) - 2
-  lines += _table(['arm', 'run'] + [f'worker {i}' for i in range(width)], rows)
-  return lines + ['', '![engine](engine.png)', '']
+  return lines
 
 
 def _describe_run(run, default_num_shards) -> str:
@@ -399,29 +519,37 @@ def _overhead(results):
   return lines
 
 
-def _raw(results):
-  if 'streaming_runs' not in results:
+def _learning(results):
+  if 'learning' not in results:
     return []
-  middle = results['meta']['middle_rate_per_worker']
+  summary, runs = results['learning'], results['learning_runs']
+  model = runs['model']
   lines = [
-      '## Per-run figures at the middle rate',
+      '## E. How keyed batches learn their size',
       '',
-      'Hit rate / throughput vs baseline of every seed (all runs, at every '
-      'sweep point, are in results.json under streaming_runs).',
+      'The batching DoFn of each design driven directly, with state that '
+      'encodes what is written, timers firing in processing-time order, and '
+      'the model serving each batch inside the DoFn\'s yield, so that the '
+      'batch is timed with it. `per_key`: the reviewed design, an estimator '
+      'per state key in state; `per_step`: 0004, one per step and process, '
+      f'learned from full batches. Arrivals at {runs["rate"]} elements/s, '
+      f'Zipf exponent {runs["zipf_s"]}, {runs["elements_per_key"]} elements '
+      f'per key on average; the model: {model["batch_secs"]} s per batch '
+      f'plus {model["element_secs"]} s per element ({model["cached_element_secs"]} '
+      f's for a prefix among the {model["cached_keys"]} it served last); '
+      'medians over seeds.',
       '',
   ]
-  runs = [
-      r for r in results['streaming_runs']
-      if r['rate_per_worker'] == middle and r['cache_prefixes'] ==
-      results['workloads'][r['workload']]['cache_prefixes'] and
-      r['zipf_s'] == results['workloads'][r['workload']]['zipf_s']
-  ]
-  strategies = [s for s in results['meta']['strategies']]
-  rows = [[r['workload'], r['seed']] + [
-      f'{r["figures"][s]["hit_rate"]:.3f} / '
-      f'{r["figures"][s]["throughput_vs_baseline"]:.2f}' for s in strategies
-  ] for r in runs]
-  return lines + _table(['workload', 'seed'] + strategies, rows) + ['']
+  figures = ('mean_batch_size', 'batches_of_one', 'model_secs_per_element',
+             'p99_delay_s')
+  rows = []
+  for keys, values in summary.items():
+    for design in ('per_key', 'per_step'):
+      rows.append([keys, design] +
+                  [f'{values[f"{design}_{figure}"]:.3f}' for figure in figures])
+    rows.append([keys, 'per_step speedup', '', '', '',
+                 f'{values["per_step_speedup"]:.3f}'])
+  return lines + _table(['keys', 'design', *figures, 'speedup'], rows) + ['']
 
 
 DEFINITIONS = [
@@ -430,90 +558,75 @@ DEFINITIONS = [
     '* hit rate: prompt tokens served from a prefix cache / all prompt '
     'tokens.',
     '* work: the prompt tokens a worker computes plus, for each batch it '
-    'serves, the per-batch overhead and the per-request overhead of every '
-    'request after the first; load max/mean is the busiest worker\'s work '
-    'over the mean.',
+    'serves, the per-batch overhead, the per-request overhead of every '
+    'request after the first, and the decode cost of its requests; load '
+    'max/mean is the busiest worker\'s work over the mean.',
     '* throughput vs baseline: requests over the busiest worker\'s work, '
-    'over the same for the baseline (on the engine: its engine seconds).',
+    'over the same for the baseline placed in the same frame with the same '
+    'placement (on the engine: its engine seconds).',
+    '* placement: a (seed, salt) pair; the seed draws the requests, their '
+    'reading copies and the shard picks, the salt the runner\'s hashing '
+    '(and the baseline\'s UUIDs).',
     '* delay: from a request\'s arrival to its batch\'s emission (the '
     'batch is full, or its buffering timer fires).',
-    '* purity: share of batches whose requests all have one key.',
     '* oracle: knows each span\'s key counts in advance; gives a key '
-    'ceil(count / fair share) replicas on the least-loaded workers, sends '
-    'its requests to them a batch at a time, and batches one-off keys '
-    'together per worker.',
-    '* loose bound: every distinct block computed once, fleet-wide.',
+    'ceil(count / fair share) replicas, sends its requests to them a batch '
+    'at a time, and places the replicas by LPT over their measured work '
+    '(re-placed 5 times on the mean work measured so far). Not an upper '
+    'bound.',
+    '* sweep_min: the least, over the sweep points (rate, Zipf, cache x0.5 '
+    'to x4, decode length) and the frame tables\' point, of each point\'s '
+    'median; cache_x8 apart.',
     '',
 ]
 
 
 def render(results) -> str:
   lines = (
-      _meta(results) + _validation(results) + _streaming(results) +
-      _sweep(results) + _engine(results) + _overhead(results) + _raw(results) +
-      DEFINITIONS)
+      _meta(results) + _goals(results) + _validation(results) +
+      _frames(results) + _sweep(results) + _engine(results) +
+      _overhead(results) + _learning(results) + DEFINITIONS)
   return '\n'.join(lines) + '\n'
 
 
 def plot(results, out: Path) -> list[Path]:
+  """One plot: the default's throughput vs baseline per frame and
+  workload, with the placements' range."""
   try:
     import matplotlib
   except ImportError:
     return []
+  if 'frames' not in results:
+    return []
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  paths = []
-  for name in results.get('streaming', {}):
-    entries = [
-        e for e in results['streaming_sweep']
-        if e['workload'] == name and e['varied'] == 'rate'
-    ]
-    rates = [e['rate_per_worker'] for e in entries]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for strategy in results['meta']['strategies']:
-      for ax, field in zip(axes, ('throughput_vs_baseline', 'hit_rate')):
-        ax.plot(
-            rates, [e['strategies'][strategy][field] for e in entries],
-            'o-',
-            label=strategy)
-    axes[0].set(
-        xscale='log',
-        xlabel='requests/s per worker',
-        ylabel='throughput vs baseline',
-        title=f'{name}: fleet throughput')
-    axes[1].set(
-        xscale='log',
-        xlabel='requests/s per worker',
-        ylabel='token hit rate',
-        title=f'{name}: reuse',
-        ylim=(0, 1))
-    axes[1].axhline(
-        results['workloads'][name]['bound']['hit_rate'],
-        color='grey',
-        ls=':',
-        label='loose bound')
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    path = out / f'{name.lower()}_rates.png'
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
-  if 'engine_fleet' in results:
-    fleet = results['engine_fleet']
-    arms = [a for a in fleet if isinstance(fleet[a], dict)]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for ax, field, title in zip(
-        axes, ('prompt_tokens_computed', 'busiest_worker_s'),
-        ('prompt tokens computed', 'busiest worker engine time (s)')):
-      ax.bar(arms, [fleet[a][field] for a in arms])
-      ax.set_title(title)
-    fig.suptitle(f'{results["engine"]["name"]}: fleet replay (medians)')
-    fig.tight_layout()
-    path = out / 'engine.png'
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
-  return paths
+  fig, ax = plt.subplots(figsize=(9, 4))
+  names = [
+      n for n in ('default', 'keyed_8', 'adaptive', 'oracle')
+      if n in results['frames']['F2']['W1']
+  ]
+  frames = [f for f in FRAME_ORDER if f in results['frames']]
+  width = 0.8 / len(names)
+  for i, name in enumerate(names):
+    xs, ys, lows, highs = [], [], [], []
+    for j, (frame, w) in enumerate((f, w) for f in frames for w in WORKLOADS):
+      row = results['frames'][frame][w][name]
+      xs.append(j + i * width)
+      ys.append(row['throughput_vs_baseline'])
+      lows.append(row['throughput_vs_baseline'] - row['throughput_min'])
+      highs.append(row['throughput_max'] - row['throughput_vs_baseline'])
+    ax.bar(xs, ys, width, yerr=[lows, highs], label=name, capsize=2)
+  ax.axhline(1.0, color='grey', ls=':')
+  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(frames) * 3)])
+  ax.set_xticklabels([f'{f}\n{w}' for f in frames for w in WORKLOADS],
+                     fontsize=7)
+  ax.set_ylabel('throughput vs baseline')
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  path = out / 'frames.png'
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return [path]
 
 
 def write(results, out: Path) -> None:

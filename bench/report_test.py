@@ -17,67 +17,98 @@
 
 """Tests of the report: it is rendered from results.json alone."""
 
+import functools
 import json
 
 from bench import overhead
 from bench import overhead_test
 from bench import report
 from bench import streaming
+from bench.streaming_test import COSTS
+from bench.streaming_test import small_strategies
 from bench.workloads_test import SMALL
 
 
-def small_results():
-  builders = streaming.strategies(8, SMALL.batch_size)
-  figures, sweep, runs = streaming.phase(
-      [SMALL], (1, 2), (2, 4, 8), builders, (16, 2), (1, ), (1.1, ),
+@functools.cache
+def _phase():
+  chosen = small_strategies()
+  smalls = [SMALL.scaled(name=name) for name in ('W1', 'W2', 'W3')]
+  out = streaming.phase(
+      smalls, (1, ), ('a', 'b'), (2, 4, 8), (0.5, ), (1.1, ), (0, 64),
+      chosen,
+      COSTS,
       progress=lambda _: None)
-  workloads = {SMALL.name: SMALL.describe()}
-  workloads[SMALL.name]['bound'] = figures[SMALL.name].pop('bound')
+  return json.dumps({
+      'phase': out,
+      'labels': {
+          n: s.label
+          for n, s in chosen.items()
+      },
+      'workloads': {
+          w.name: w.describe()
+          for w in smalls
+      }
+  })
+
+
+def small_results():
+  made = json.loads(_phase())
   return {
       'meta': {
           'command': 'tox -e bench',
+          'quick': False,
           'skipped': ['validate', 'engine', 'overhead'],
           'started_utc': 'then',
           'duration_s': 12.0,
           'machine': 'here',
           'python': '3.11',
-          'beam_tree_commit': 'abc123',
+          'beam_tree_commit': 'abc123def4567890',
           'packages': {
               'apache-beam': '2.77.0'
           },
-          'seeds': [1, 2],
+          'seeds': [1],
+          'salts': ['a', 'b'],
+          'placements': 2,
           'rates_per_worker': [2, 4, 8],
           'middle_rate_per_worker': 4,
-          'default_num_shards': '8',
-          'adaptive': False,
+          'buffering_s': 1.0,
+          'default_num_shards': 'TwoStageSpec()',
+          'default_is_two_stage': True,
+          'adaptive_num_shards': 'CountingShards',
+          'threads_per_process': 12,
+          'strategies': made['labels'],
+          'costs_source': 'reference',
           'batch_overhead_tokens': 16.0,
           'request_overhead_tokens': 2.0,
-          'overhead_source': 'reference',
-          'strategies': list(builders),
+          'decode_token_tokens': 1.0,
+          'sweep': {
+              'side_fraction': 1.0
+          },
       },
-      'workloads': workloads,
-      'streaming': figures,
-      'streaming_sweep': sweep,
-      'streaming_runs': runs,
+      'workloads': made['workloads'],
+      **made['phase'],
   }
 
 
 def test_report_shows_the_results_figures():
   results = json.loads(json.dumps(small_results()))
   text = report.render(results)
-  assert 'abc123' in text and 'validate, engine, overhead' in text
-  row = results['streaming'][SMALL.name]['keyed_1']
-  assert f'{row["hit_rate"]:.3f}' in text
-  assert f'{row["throughput_vs_baseline"]:.2f}' in text
-  bound = results['workloads'][SMALL.name]['bound']['hit_rate']
-  assert f'{bound:.3f}' in text
+  assert 'abc123def4567890' in text and 'validate, engine, overhead' in text
+  row = results['frames']['F2']['W2']['keyed_8']
+  assert (
+      f'{row["throughput_vs_baseline"]:.2f} '
+      f'({row["throughput_min"]:.2f}-{row["throughput_max"]:.2f})') in text
+  assert f'{row["hit_rate"]:.3f} / {row["load_max_over_mean"]:.2f}' in text
+  entry = results['sweep_min']['F3']['default']
+  assert f'{entry["throughput_vs_baseline"]:.2f}' in text
+  assert '| F3 | W1 | ' in text
 
 
 def test_write_puts_results_and_report_side_by_side(tmp_path):
   results = small_results()
   report.write(results, tmp_path)
   written = json.loads((tmp_path / 'results.json').read_text())
-  assert written['meta']['beam_tree_commit'] == 'abc123'
+  assert written['meta']['beam_tree_commit'] == 'abc123def4567890'
   assert (tmp_path / 'report.md').read_text() == report.render(written)
 
 

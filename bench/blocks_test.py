@@ -1,0 +1,79 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""The gate on quoted figures: README.md, CHANGES.md and the pull request
+descriptions quote only figures generated from bench/results.json."""
+
+import json
+
+import pytest
+
+from bench import blocks
+from bench.report_test import small_results
+
+
+def doc(body, outside=''):
+  return (
+      f'# Title\n\n{outside}\n<!-- bench:readme-overhead -->\n{body}'
+      '<!-- /bench:readme-overhead -->\nafter\n')
+
+
+def test_the_repository_quotes_only_generated_figures():
+  results = json.loads(blocks.RESULTS.read_text())
+  problems = blocks.check(blocks.files(), results)
+  assert not problems, '\n'.join(problems)
+
+
+def test_a_block_is_rewritten_from_the_results():
+  results = small_results()
+  text = doc('hand-written 9.99x\n')
+  new = blocks.rewrite(text, results)
+  assert '9.99x' not in new
+  assert blocks.rewrite(new, results) == new
+  assert new.endswith('<!-- /bench:readme-overhead -->\nafter\n')
+
+
+def test_a_block_that_differs_fails_the_check(tmp_path):
+  results = small_results()
+  path = tmp_path / 'README.md'
+  path.write_text(blocks.rewrite(doc(''), results))
+  assert blocks.check([path], results) == []
+  path.write_text(path.read_text().replace('Phase C', 'Phase X'))
+  assert 'differs' in blocks.check([path], results)[0]
+
+
+def test_figures_outside_blocks_are_found():
+  text = doc(
+      'inside 2.50x is fine\n',
+      outside='It runs 1.39x faster, hit rate 0.80, and 61% of the oracle.')
+  found = [figure for _, figure in blocks.stray_figures(text)]
+  assert found == ['1.39x', 'hit rate 0.80', '61% of the oracle']
+  assert blocks.stray_figures('apache-beam 2.77.0, Python 3.11, 4 x 64') == []
+
+
+def test_unknown_and_unclosed_blocks_are_errors(tmp_path):
+  with pytest.raises(ValueError, match='no end marker'):
+    blocks.blocks_in('<!-- bench:readme-overhead -->\nnever closed\n')
+  path = tmp_path / 'x.md'
+  path.write_text('<!-- bench:nothing -->\n<!-- /bench:nothing -->\n')
+  assert 'no renderer' in blocks.check([path], small_results())[0]
+
+
+def test_every_renderer_renders_the_v3_results():
+  results = small_results()
+  for name, render in blocks.RENDERERS.items():
+    assert render(results).strip(), name

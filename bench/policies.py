@@ -1,0 +1,297 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""How each strategy gives a request its state key (stdlib only).
+
+Every route is a callable request -> (state key, 0), for
+fleet.form_batches; the runner's placement of the state keys is the
+frame's (bench.frames), so routes never name a worker.
+
+* PerProcessKey: 2.77.0's stateful BatchElements: one UUID key per SDK
+  process (WithSharedKey), so a request is batched under the key of the
+  process that read it.
+* CopiedShards: WithBatchKey with a num_shards spec as BatchElements takes
+  it (None, an int, a mapping or a callable). A callable is deep-copied
+  per DoFn copy (scope 'copy': what a runner that keeps DoFn instances
+  does), per SDK process ('process': a table shared by a process's
+  copies), once ('fleet'), or for every element ('element': the
+  BundleBasedDirectRunner, which deserializes DoFns for every bundle, and
+  a TestStream makes a bundle of every element).
+* TwoStage: the two-stage policy. Stage 1 is keyed by the raw key, so one
+  stateful DoFn sees all of a key's traffic: it measures the key's rate and
+  picks the shard; stage 2 is keyed by (key, shard) and batches.
+* KnownShares: shard counts from the run's own traffic (a reference that
+  knows the future).
+* OracleRoute (in fleet) and oracle_route: popularity-aware replicas.
+"""
+
+import copy
+import math
+import random
+from collections import Counter
+from collections.abc import Mapping
+
+from bench.workloads import MICROS
+
+
+class PerWorkerKey:
+  """The committed benchmark's baseline: one shared key per worker."""
+  def __call__(self, request):
+    return ('shared', request.reader), 0
+
+
+class PerProcessKey:
+  """2.77.0's stateful path: the UUID key of the reading SDK process."""
+  def __init__(self, copies):
+    self._copies = copies
+
+  def __call__(self, request):
+    worker, process, _ = self._copies[request.rid]
+    return ('uuid', worker, process), 0
+
+
+class RandomPick:
+  """WithBatchKey's rule: a shard drawn at random per element."""
+  def __init__(self, seed):
+    self._rng = random.Random(seed)
+
+  def __call__(self, key, count):
+    return int(self._rng.random() * count) if count > 1 else 0
+
+
+class CopiedShards:
+  """WithBatchKey with num_shards as BatchElements takes it; a callable is
+  copied per scope ('copy', 'process' or 'fleet')."""
+  def __init__(self, num_shards, copies, seed, scope='copy'):
+    if scope not in ('copy', 'process', 'fleet', 'element'):
+      raise ValueError(
+          f'scope must be copy, process, fleet or element, got {scope!r}')
+    self._spec = num_shards
+    self._copies = copies
+    self._scope = scope
+    self._pick = RandomPick(f'{seed}/shards')
+    self._learners: dict = {}
+
+  def _learner(self, request):
+    if self._scope == 'element':
+      return copy.deepcopy(self._spec)
+    worker, process, thread = self._copies[request.rid]
+    at = {
+        'copy': (worker, process, thread),
+        'process': (worker, process),
+        'fleet': None,
+    }[self._scope]
+    fn = self._learners.get(at)
+    if fn is None:
+      fn = self._learners[at] = copy.deepcopy(self._spec)
+    return fn
+
+  def count(self, request):
+    spec = self._spec
+    if spec is None:
+      return 1
+    if isinstance(spec, int):
+      return spec
+    if isinstance(spec, Mapping):
+      return spec.get(request.key, 1)
+    return self._learner(request)(request.key)
+
+  def __call__(self, request):
+    shard = self._pick(request.key, self.count(request))
+    return (str(request.key), shard), 0
+
+
+class TwoStage:
+  """The two-stage policy (see NOTES-20.md for its spec).
+
+  Stage 1 keeps, per key, a time-decayed count of its elements (time
+  constant tau_s, in the stage's processing time) and the time of its
+  first element; the key's rate is the decayed count over the decayed
+  time since its first element (at least min_span_s), and it gets
+  ceil(rate / rate_per_shard) shards, at most max_shards (one while its
+  rate is under split_from). With
+  pick='runs', a key's elements go to one shard in runs of run_length
+  (a new run, on the next shard, when a run is full or older than
+  run_timeout_s); with pick='random', a shard is drawn per element.
+  """
+  def __init__(
+      self,
+      rate_per_shard: float,
+      *,
+      tau_s: float = 30.0,
+      min_span_s: float = 1.0,
+      max_shards: int = 64,
+      pick: str = 'runs',
+      run_length: int = 8,
+      run_timeout_s: float = 1.0,
+      split_from: float = 0.0,
+      seed=0):
+    self.rate_per_shard = rate_per_shard
+    self.split_from = split_from
+    self.tau_us = tau_s * MICROS
+    self.min_span_us = min_span_s * MICROS
+    self.max_shards = max_shards
+    self.pick = pick
+    self.run_length = run_length
+    self.run_timeout_us = run_timeout_s * MICROS
+    self._rng = random.Random(f'{seed}/two-stage')
+    # key -> [decayed count, last time, first time, shard, in run, run start]
+    self._state: dict = {}
+
+  def shards_of(self, key, now_us):
+    """The key's shard count after counting an element at now_us."""
+    state = self._state.get(key)
+    if state is None:
+      state = self._state[key] = [0.0, now_us, now_us, -1, 0, now_us]
+    decay = math.exp(-(now_us - state[1]) / self.tau_us)
+    state[0] = state[0] * decay + 1.0
+    state[1] = now_us
+    span = max(now_us - state[2], self.min_span_us)
+    window_s = self.tau_us * (1 - math.exp(-span / self.tau_us)) / MICROS
+    rate = state[0] / window_s
+    if rate < self.split_from:
+      return state, 1
+    count = max(1, min(self.max_shards, math.ceil(rate / self.rate_per_shard)))
+    return state, count
+
+  def __call__(self, request):
+    state, count = self.shards_of(request.key, request.arrival_us)
+    if self.pick == 'random':
+      shard = int(self._rng.random() * count) if count > 1 else 0
+    else:
+      expired = request.arrival_us - state[5] >= self.run_timeout_us
+      if state[3] < 0 or state[4] >= self.run_length or expired:
+        state[3] = (state[3] + 1) % count
+        state[4] = 0
+        state[5] = request.arrival_us
+      elif state[3] >= count:
+        state[3] = state[3] % count
+      state[4] += 1
+      shard = state[3]
+    return (str(request.key), shard), 0
+
+
+class KnownShares:
+  """ceil(share x factor x workers) shards per key, from the run's own
+  traffic, picked at random or in runs of run_length."""
+  def __init__(
+      self, requests, workers, factor, seed, pick='random', run_length=8):
+    counts = Counter(r.key for r in requests)
+    total = len(requests)
+    self._shards = {
+        k: max(1, math.ceil(c / total * factor * workers))
+        for k, c in counts.items()
+    }
+    self._pick = pick
+    self._rng = random.Random(f'{seed}/known')
+    self._run_length = run_length
+    self._runs: dict = {}
+
+  def __call__(self, request):
+    count = self._shards[request.key]
+    if self._pick == 'random':
+      shard = int(self._rng.random() * count) if count > 1 else 0
+    else:
+      shard, left = self._runs.get(request.key, (-1, 0))
+      if left == 0:
+        shard, left = (shard + 1) % count, self._run_length
+      self._runs[request.key] = (shard, left - 1)
+    return (str(request.key), shard), 0
+
+
+# What the bench reads of a two-stage policy from the tree: its public
+# attributes, by these names (see NOTES-20.md, the policy spec).
+TWO_STAGE_ATTRIBUTES = ('rate_per_shard', 'max_shards', 'decay_secs')
+TWO_STAGE_SHARDS_PER_BATCH_RATE = 4
+
+
+def is_two_stage(spec) -> bool:
+  return all(hasattr(spec, a) for a in TWO_STAGE_ATTRIBUTES)
+
+
+class TwoStageSpec:
+  """A two-stage policy as the tree's would be configured (its public
+  attributes), for research before the tree has it."""
+  def __init__(
+      self,
+      rate_per_shard=None,
+      split_from=None,
+      max_shards=64,
+      decay_secs=30.0,
+      run_batches=4):
+    self.rate_per_shard = rate_per_shard
+    self.split_from = split_from
+    self.max_shards = max_shards
+    self.decay_secs = decay_secs
+    self.run_batches = run_batches
+
+  def __repr__(self):
+    return (
+        f'TwoStageSpec(rate_per_shard={self.rate_per_shard}, '
+        f'split_from={self.split_from}, max_shards={self.max_shards}, '
+        f'decay_secs={self.decay_secs}, run_batches={self.run_batches})')
+
+
+def two_stage_from(spec, batch_size, buffering_s, seed=0) -> TwoStage:
+  """The simulator's model of a two-stage policy object of the tree. A
+  batch's rate is batch_size per buffering duration; rate_per_shard None is
+  a quarter of it (TWO_STAGE_SHARDS_PER_BATCH_RATE), split_from None all of
+  it. A run is run_batches batches, or run_batches buffering durations."""
+  batch_rate = batch_size / buffering_s
+  rate = spec.rate_per_shard
+  if rate is None:
+    rate = batch_rate / TWO_STAGE_SHARDS_PER_BATCH_RATE
+  split_from = getattr(spec, 'split_from', 0.0)
+  if split_from is None:
+    split_from = batch_rate
+  run_batches = getattr(spec, 'run_batches', 1)
+  return TwoStage(
+      rate,
+      tau_s=spec.decay_secs,
+      min_span_s=buffering_s,
+      max_shards=spec.max_shards,
+      run_length=run_batches * batch_size,
+      run_timeout_s=run_batches * buffering_s,
+      split_from=split_from,
+      seed=seed)
+
+
+def learns_per_copy(spec) -> bool:
+  """Whether each DoFn copy of the spec learns on its own."""
+  return (
+      callable(spec) and not isinstance(spec, (int, Mapping)) and
+      not is_two_stage(spec))
+
+
+def route_for(spec, copies, seed, *, batch_size, buffering_s):
+  """The route of BatchElements(key_fn=..., num_shards=spec)."""
+  if is_two_stage(spec):
+    return two_stage_from(spec, batch_size, buffering_s, seed)
+  return CopiedShards(spec, copies, seed, 'copy')
+
+
+def describe(spec) -> str:
+  if isinstance(spec, (int, type(None))):
+    return repr(spec)
+  return getattr(spec, '__qualname__', None) or repr(spec)
+
+
+def oracle_group(state_key):
+  """The replicas of one key in one span go to different workers."""
+  if isinstance(state_key, tuple) and len(state_key) == 3:
+    return state_key[:2]
+  return None
