@@ -41,5 +41,5 @@ their tests run without Beam:
 * report: report.md and the plots, from results.json alone.
 * blocks: the figures README.md and the pull request descriptions quote,
   from results.json alone, and the check that they do.
-* research: the policy research of issue 20 (NOTES-20.md).
+* research: the policy research of issue 20 (bench/RESEARCH.md).
 """

@@ -65,7 +65,7 @@ PROCESSES = min(2, os.cpu_count() or 1)
 # engine.calibration), in prompt-token equivalents: per batch, per further
 # request of a batch, and per decoded token of a request in a batch of 8.
 FALLBACK_COSTS = (73.9, 11.4, 6.4)
-# The policy NOTES-20.md specifies for 0010.
+# The policy bench/RESEARCH.md specifies for 0010.
 PROPOSED = policies.TwoStageSpec(
     rate_per_shard=1.0,
     split_from=2.0,
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
   default_spec = PrefixBatchingConfig().num_shards
   adaptive = adaptive_spec()
   batching = {'buffering_s': BUFFERING_S}
-  # Until the tree ships a two-stage policy, the one NOTES-20.md specifies
+  # Until the tree ships a two-stage policy, the one bench/RESEARCH.md specifies
   # is simulated beside it.
   proposed = None if policies.is_two_stage(default_spec) else PROPOSED
   strategies = streaming.strategies(default_spec, adaptive, batching, proposed)

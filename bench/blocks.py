@@ -230,10 +230,40 @@ def _check_script(intro):
   return '\n'.join([
       intro,
       '',
+      '<details><summary>bench_prefix_batching.py</summary>',
+      '',
       '```python',
       SCRIPT.read_text().rstrip('\n'),
       '```',
+      '',
+      '</details>',
   ])
+
+
+def pr_prefix_batching_learning(results) -> str:
+  if 'learning' not in results:
+    return 'Phase E was not part of this run.'
+  summary, runs = results['learning'], results['learning_runs']
+  model = runs['model']
+  cells = '; '.join(
+      f'{keys} keys: {v["per_key_model_secs_per_element"]:.3f} s against '
+      f'{v["per_step_model_secs_per_element"]:.3f} s '
+      f'({v["per_step_speedup"]:.2f}x), mean batch '
+      f'{v["per_key_mean_batch_size"]:.2f} against '
+      f'{v["per_step_mean_batch_size"]:.2f}' for keys, v in summary.items())
+  return (
+      'Measured by phase E of this patch set\'s benchmark, which drives each '
+      'design\'s real batching DoFn with state that encodes what is written '
+      '(as a distributed runner\'s does), timers firing in processing-time '
+      'order, and a model that serves each batch inside the DoFn\'s yield, '
+      f'so that the batch is timed with it: arrivals at {runs["rate"]} '
+      f'requests/s, Zipf exponent {runs["zipf_s"]} over the keys, '
+      f'{runs["elements_per_key"]} requests per key on average, a model '
+      f'taking {model["batch_secs"]} s per batch plus '
+      f'{model["element_secs"]} s per request ({model["cached_element_secs"]} '
+      f's when it served the prefix among its last {model["cached_keys"]}). '
+      'Model seconds per request, per-key estimators against this change\'s '
+      f'per-step one: {cells}.')
 
 
 def pr_prefix_batching(results) -> str:
@@ -301,6 +331,7 @@ RENDERERS = {
     'readme-what-it-buys': readme_what_it_buys,
     'readme-overhead': readme_overhead,
     'pr-prefix-batching': pr_prefix_batching,
+    'pr-prefix-batching-learning': pr_prefix_batching_learning,
     'pr-adaptive-num-shards': pr_adaptive_num_shards,
 }
 

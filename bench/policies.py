@@ -116,7 +116,7 @@ class CopiedShards:
 
 
 class TwoStage:
-  """The two-stage policy (see NOTES-20.md for its spec).
+  """The two-stage policy (see bench/RESEARCH.md for its spec).
 
   Stage 1 keeps, per key, a time-decayed count of its elements (time
   constant tau_s, in the stage's processing time) and the time of its
@@ -214,7 +214,7 @@ class KnownShares:
 
 
 # What the bench reads of a two-stage policy from the tree: its public
-# attributes, by these names (see NOTES-20.md, the policy spec).
+# attributes, by these names (see bench/RESEARCH.md, the policy spec).
 TWO_STAGE_ATTRIBUTES = ('rate_per_shard', 'max_shards', 'decay_secs')
 TWO_STAGE_SHARDS_PER_BATCH_RATE = 4
 

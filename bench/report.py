@@ -540,15 +540,24 @@ def _learning(results):
       'medians over seeds.',
       '',
   ]
-  figures = ('mean_batch_size', 'batches_of_one', 'model_secs_per_element',
-             'p99_delay_s')
+  figures = (
+      'mean_batch_size',
+      'batches_of_one',
+      'model_secs_per_element',
+      'p99_delay_s')
   rows = []
   for keys, values in summary.items():
     for design in ('per_key', 'per_step'):
       rows.append([keys, design] +
                   [f'{values[f"{design}_{figure}"]:.3f}' for figure in figures])
-    rows.append([keys, 'per_step speedup', '', '', '',
-                 f'{values["per_step_speedup"]:.3f}'])
+    rows.append([
+        keys,
+        'per_step speedup',
+        '',
+        '',
+        '',
+        f'{values["per_step_speedup"]:.3f}'
+    ])
   return lines + _table(['keys', 'design', *figures, 'speedup'], rows) + ['']
 
 

@@ -15,7 +15,7 @@
 # limitations under the License.
 #
 
-"""Policy research in the simulator (stdlib only), for NOTES-20.md.
+"""Policy research in the simulator (stdlib only), for bench/RESEARCH.md.
 
 `python -m bench.research CASE [CASE ...]` runs named candidate policies
 on W1-W3 in the frames of bench.frames and prints medians over

@@ -133,7 +133,7 @@ def strategies(
         'proposed',
         proposed_spec,
         batching,
-        'the two-stage policy proposed for 0010 (NOTES-20.md), simulated '
+        'the two-stage policy proposed for 0010 (bench/RESEARCH.md), simulated '
         f'only ({policies.describe(proposed_spec)})')
   out['oracle'] = Strategy(
       'oracle', None, False, 'oracle: known traffic, LPT over measured work')

@@ -166,6 +166,10 @@ def group(
   return series
 
 
+# The lines that open and close a block of generated benchmark figures.
+_GENERATED_MARKER = re.compile(r'^<!-- /?bench:[a-z0-9-]+ -->\n?', re.M)
+
+
 @dataclasses.dataclass(frozen=True)
 class Description:
   """A pull request's title and description, as a reviewer reads them."""
@@ -181,8 +185,13 @@ class Description:
       raise Error(f'{where}: there is no description under the title')
     return cls(title[2:].strip(), body.strip())
 
+  def reviewer_body(self) -> str:
+    """The body without the markers of generated figures (see
+    bench/blocks.py), which only this repository needs."""
+    return _GENERATED_MARKER.sub('', self.body).strip()
+
   def markdown(self) -> str:
-    return f'# {self.title}\n\n{self.body}\n'
+    return f'# {self.title}\n\n{self.reviewer_body()}\n'
 
   def commit_message(self) -> str:
-    return f'{self.title}\n\n{self.body}\n'
+    return f'{self.title}\n\n{self.reviewer_body()}\n'

@@ -119,3 +119,13 @@ def test_description_has_a_title_and_a_body():
     series.Description.parse('Do a thing\n\nBecause.\n', 'x.md')
   with pytest.raises(Error, match='x.md: there is no description'):
     series.Description.parse('# Do a thing\n\n', 'x.md')
+
+
+def test_a_description_for_reviewers_has_no_figure_markers():
+  description = series.Description.parse(
+      '# Title\n\nWhy.\n\n<!-- bench:pr-x -->\nFigures 1.5x.\n'
+      '<!-- /bench:pr-x -->\n',
+      'x.md')
+  assert description.markdown() == '# Title\n\nWhy.\n\nFigures 1.5x.\n'
+  assert description.commit_message() == 'Title\n\nWhy.\n\nFigures 1.5x.\n'
+  assert '<!-- bench:pr-x -->' in description.body
