@@ -544,7 +544,7 @@ def _learning(results):
       'mean_batch_size',
       'batches_of_one',
       'model_secs_per_element',
-      'p99_delay_s')
+      'p99_delay_secs')
   rows = []
   for keys, values in summary.items():
     for design in ('per_key', 'per_step'):

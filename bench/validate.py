@@ -39,6 +39,7 @@ requests in each) from the same requests.
 """
 
 import random
+import uuid
 from collections import Counter
 
 import apache_beam as beam
@@ -69,13 +70,19 @@ RATE_PER_WORKER = 2.0
 
 
 class ArrivalClock:
-  """The batching DoFn's clock: the processing time at which the element it
-  is batching arrived. element_size_fn shows it each element first."""
+  """The batching steps' clock: the processing time at which the element
+  being keyed or batched arrived. The key function and element_size_fn show
+  it each element first. Every DoFn gets its own deserialized copy of the
+  clock, so the copies share what they observed (by the clock's id): a
+  stateful step that reads the clock but runs no user function, such as
+  AdaptiveNumShards' shard step, sees the arrival the key function saw."""
+  _now: dict = {}
+
   def __init__(self):
-    self._now = Timestamp(0)
+    self._id = uuid.uuid4().hex
 
   def observe(self, element):
-    self._now = Timestamp(micros=element[2])
+    self._now[self._id] = Timestamp(micros=element[2])
     return 1
 
   def key(self, element):
@@ -84,7 +91,7 @@ class ArrivalClock:
     return element[1]
 
   def __call__(self):
-    return self._now
+    return self._now.get(self._id, Timestamp(0))
 
 
 class _Collect(beam.DoFn):
