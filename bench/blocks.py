@@ -178,14 +178,19 @@ def readme_what_it_buys(results) -> str:
 def readme_overhead(results) -> str:
   if 'overhead' not in results:
     return 'Phase C was not part of this run.'
-  runs = results.get('overhead_runs', {})
-  ratios = ', '.join(
-      f'{name.replace("_", " ")} {value:.2f}'
-      for name, value in results['overhead'].items())
+  runs = results['overhead_runs']
+  ratios = '; '.join(
+      f'{name.replace("_", " ")} {results["overhead"][name]:.2f} '
+      f'({ratio["p10"]:.2f}-{ratio["p90"]:.2f})'
+      for name, ratio in runs['ratios'].items())
   return (
-      f'Runner cost (phase C: {runs.get("elements", "?")} elements through '
-      '`BatchElements` on the FnApiRunner, medians of '
-      f'{runs.get("repetitions", "?")} alternating repetitions): {ratios}.')
+      'Runner cost (phase C: `BatchElements` on the FnApiRunner, pristine '
+      '2.77.0 and the patched tree taking turns, medians of '
+      f'{runs["repetitions"]} repetitions with their 10th-90th percentile, '
+      'every ratio over 2.77.0\'s stateful path in the same repetition; '
+      f'`default` is `{runs["default_num_shards"]}`): {ratios}; state-cache '
+      'weighings per state key at 512 state keys: '
+      f'{results["overhead"]["state_cache_weighings_per_key"]:.1f}.')
 
 
 def _method(results):
