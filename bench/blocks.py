@@ -171,26 +171,62 @@ def readme_what_it_buys(results) -> str:
       f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
       f'with caches x8 it gives {_x8(results, "F3")} in F3 and '
       f'{_x8(results, "F2")} in F2. {_verdict(results)} {_engine(results)}',
+      '',
+      _verdict(results, 'keyed_8').replace(
+          'It is',
+          'Eight shards per prefix (`keyed_8`, #40905\'s own '
+          'default) are',
+          1),
   ]
   return '\n'.join(lines)
+
+
+def _overhead_ratio(results, name):
+  ratio = results['overhead_runs']['ratios'][name]
+  return (
+      f'{results["overhead"][name]:.2f} '
+      f'({ratio["p10"]:.2f}-{ratio["p90"]:.2f})')
+
+
+def _overhead_intro(results):
+  runs = results['overhead_runs']
+  return (
+      'phase C: `BatchElements` on the FnApiRunner, pristine 2.77.0 and the '
+      'patched tree taking turns, medians of '
+      f'{runs["repetitions"]} repetitions with their 10th-90th percentile, '
+      'each a run time over that of 2.77.0\'s stateful path in the same '
+      'repetition, so above 1 is slower')
 
 
 def readme_overhead(results) -> str:
   if 'overhead' not in results:
     return 'Phase C was not part of this run.'
   runs = results['overhead_runs']
-  ratios = '; '.join(
-      f'{name.replace("_", " ")} {results["overhead"][name]:.2f} '
-      f'({ratio["p10"]:.2f}-{ratio["p90"]:.2f})'
-      for name, ratio in runs['ratios'].items())
+  times = '; '.join(
+      f'{name.replace("_", " ")} {_overhead_ratio(results, name)}'
+      for name in runs['ratios'] if 'mean_batch' not in name)
+  batches = ''
+  if 'keyed_10000_mean_batch_over_64' in runs['ratios']:
+    batches = (
+        ' Keyed 10000\'s mean batch size over keyed 64\'s: '
+        f'{_overhead_ratio(results, "keyed_10000_mean_batch_over_64")}.')
   return (
-      'Runner cost (phase C: `BatchElements` on the FnApiRunner, pristine '
-      '2.77.0 and the patched tree taking turns, medians of '
-      f'{runs["repetitions"]} repetitions with their 10th-90th percentile, '
-      'every ratio over 2.77.0\'s stateful path in the same repetition; '
-      f'`default` is `{runs["default_num_shards"]}`): {ratios}; state-cache '
+      f'Runner cost ({_overhead_intro(results)}; `default` is '
+      f'`{runs["default_num_shards"]}`): {times}.{batches} State-cache '
       'weighings per state key at 512 state keys: '
       f'{results["overhead"]["state_cache_weighings_per_key"]:.1f}.')
+
+
+def _adaptive_overhead(results):
+  if 'overhead' not in results:
+    return ''
+  return (
+      f' What the measuring step costs the runner ({_overhead_intro(results)}):'
+      ' 64 prefixes with the default, '
+      f'{_overhead_ratio(results, "default_over_stateful")}; the same '
+      'prefixes with one shard each and no measuring step, '
+      f'{_overhead_ratio(results, "keyed_64_over_stateful")}; with 8 shards, '
+      f'{_overhead_ratio(results, "keyed_512_over_stateful")}.')
 
 
 def _method(results):
@@ -325,7 +361,8 @@ def pr_adaptive_num_shards(results) -> str:
           'Over the sweep the default\'s least median is '
           f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
           f'with caches x8: {_x8(results, "F3")} (F3), {_x8(results, "F2")} '
-          f'(F2). {_verdict(results)} {_engine(results)}',
+          f'(F2). {_verdict(results)} {_engine(results)}'
+          f'{_adaptive_overhead(results)}',
           '',
           _method(results),
       ]
