@@ -150,6 +150,19 @@ class StickyPicker:
     return shard
 
 
+def fixed_shard_count(num_shards, key):
+  """The shards that num_shards gives key when it is None (1), an int or a
+  mapping (unlisted keys get 1); None when it is a callable, whose copies
+  the caller keeps."""
+  if num_shards is None:
+    return 1
+  if isinstance(num_shards, int):
+    return num_shards
+  if isinstance(num_shards, Mapping):
+    return num_shards.get(key, 1)
+  return None
+
+
 class KeyedRoute:
   """WithBatchKey's routing, with num_shards as BatchElements takes it: None,
   an int, a mapping (unlisted keys get 1) or a callable. A callable is
@@ -164,12 +177,9 @@ class KeyedRoute:
 
   def _count(self, request):
     spec = self._num_shards
-    if spec is None:
-      return 1
-    if isinstance(spec, int):
-      return spec
-    if isinstance(spec, Mapping):
-      return spec.get(request.key, 1)
+    count = fixed_shard_count(spec, request.key)
+    if count is not None:
+      return count
     fn = self._copies.get(request.reader)
     if fn is None:
       fn = self._copies[request.reader] = copy.deepcopy(spec)

@@ -45,6 +45,7 @@ import random
 from collections import Counter
 from collections.abc import Mapping
 
+from bench import fleet
 from bench.workloads import MICROS
 
 
@@ -101,13 +102,9 @@ class CopiedShards:
     return fn
 
   def count(self, request):
-    spec = self._spec
-    if spec is None:
-      return 1
-    if isinstance(spec, int):
-      return spec
-    if isinstance(spec, Mapping):
-      return spec.get(request.key, 1)
+    count = fleet.fixed_shard_count(self._spec, request.key)
+    if count is not None:
+      return count
     return self._learner(request)(request.key)
 
   def __call__(self, request):
