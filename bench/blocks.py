@@ -97,18 +97,7 @@ def _engine(results):
       f'gave {e["F3"]["throughput_ratio"]:.2f}x today\'s throughput in F3 '
       f'and {e["F2"]["throughput_ratio"]:.2f}x in F2 (simulated at that '
       f'placement: {e["F3"]["simulated_ratio"]:.2f}x and '
-      f'{e["F2"]["simulated_ratio"]:.2f}x).' + _engine_proposed(e))
-
-
-def _engine_proposed(e):
-  if 'proposed' not in e['F3'].get('arms', {}):
-    return ''
-  f3, f2 = e['F3']['arms']['proposed'], e['F2']['arms']['proposed']
-  return (
-      f' The proposed policy\'s batches, replayed at the same placements, '
-      f'gave {f3["throughput_ratio"]:.2f}x (F3) and '
-      f'{f2["throughput_ratio"]:.2f}x (F2), simulated '
-      f'{f3["simulated_ratio"]:.2f}x and {f2["simulated_ratio"]:.2f}x.')
+      f'{e["F2"]["simulated_ratio"]:.2f}x).')
 
 
 def _losses(results, name='default'):
@@ -143,14 +132,6 @@ def _verdict(results, name='default'):
   return 'It is slower than today\'s batching ' + '; and '.join(parts) + '.'
 
 
-def _proposed(results):
-  if 'proposed' not in results['frames']['F2']['W1']:
-    return ''
-  return (
-      '`proposed` the two-stage policy specified for the follow-up, '
-      'simulated before the tree has it, ')
-
-
 def readme_what_it_buys(results) -> str:
   meta = results['meta']
   lines = [
@@ -160,11 +141,11 @@ def readme_what_it_buys(results) -> str:
       'requests/s per worker. `default` is `PrefixBatchingConfig()` as the '
       f'series ships it (`{meta["default_num_shards"]}`), `keyed_8` the '
       'reviewed 8 shards per prefix, '
-      f'{_proposed(results)}`oracle` a placement that knows the traffic in '
+      '`oracle` a placement that knows the traffic in '
       'advance. Throughput over today\'s stateful batching placed the same '
       'way, medians (min-max over placements):',
       '',
-  ] + _frame_table(results, ('default', 'keyed_8', 'proposed', 'oracle')) + [
+  ] + _frame_table(results, ('default', 'keyed_8', 'oracle')) + [
       '',
       'Over the sweep (rate, Zipf exponent, cache x0.5 to x4, decode '
       'length), the default\'s least median is '
@@ -355,17 +336,16 @@ def pr_adaptive_num_shards(results) -> str:
       '(`default` is `PrefixBatchingConfig()` with this change, `keyed_8` '
       'the reviewed 8 shards):',
       '',
-  ] + _frame_table(
-      results, ('default', 'adaptive', 'keyed_8', 'proposed', 'oracle')) + [
-          '',
-          'Over the sweep the default\'s least median is '
-          f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
-          f'with caches x8: {_x8(results, "F3")} (F3), {_x8(results, "F2")} '
-          f'(F2). {_verdict(results)} {_engine(results)}'
-          f'{_adaptive_overhead(results)}',
-          '',
-          _method(results),
-      ]
+  ] + _frame_table(results, ('default', 'adaptive', 'keyed_8', 'oracle')) + [
+      '',
+      'Over the sweep the default\'s least median is '
+      f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
+      f'with caches x8: {_x8(results, "F3")} (F3), {_x8(results, "F2")} '
+      f'(F2). {_verdict(results)} {_engine(results)}'
+      f'{_adaptive_overhead(results)}',
+      '',
+      _method(results),
+  ]
   return '\n'.join(lines)
 
 

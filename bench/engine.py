@@ -311,8 +311,8 @@ def engine_fleet(
     costs,
     progress) -> tuple[dict, dict]:
   """arms: {'baseline': build, 'default': build, ...} with build(workload,
-  requests, copies, seed) -> route; more arms (a proposed policy) are
-  replayed at the default's median placement. Returns (engine_fleet,
+  requests, copies, seed) -> route; any further arms are replayed at
+  the default's median placement. Returns (engine_fleet,
   engine)."""
   workload = FLEET.scaled(requests=128) if quick else FLEET
   progress('B: warm-up')

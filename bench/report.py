@@ -29,14 +29,7 @@ import sys
 from pathlib import Path
 
 WORKLOADS = ('W1', 'W2', 'W3')
-ORDER = (
-    'baseline',
-    'stateless',
-    'default',
-    'keyed_8',
-    'adaptive',
-    'proposed',
-    'oracle')
+ORDER = ('baseline', 'stateless', 'default', 'keyed_8', 'adaptive', 'oracle')
 FRAME_ORDER = ('F3', 'F2', 'F2_P16', 'F2_P32', 'F1')
 FRAME_TEXT = {
     'F1': 'the committed frame, kept as the worst case: the baseline batches '

@@ -42,17 +42,10 @@ from bench import policies
 from bench.workloads import MICROS
 
 # The strategies of the frame tables, in report order.
-TABLE = (
-    'baseline',
-    'stateless',
-    'default',
-    'keyed_8',
-    'adaptive',
-    'proposed',
-    'oracle')
+TABLE = ('baseline', 'stateless', 'default', 'keyed_8', 'adaptive', 'oracle')
 # The strategies of the sweep: the figures sweep_min and cache_x8 report,
 # and #40905's reviewed 8 shards beside them.
-SWEEP = ('baseline', 'default', 'keyed_8', 'proposed')
+SWEEP = ('baseline', 'default', 'keyed_8')
 FIELDS = (
     'hit_rate',
     'load_max_over_mean',
@@ -99,11 +92,9 @@ def keyed(name, spec, batching, label=''):
       f'num_shards={policies.describe(spec)}')
 
 
-def strategies(
-    default_spec, adaptive_spec, batching, proposed_spec=None) -> dict:
+def strategies(default_spec, adaptive_spec, batching) -> dict:
   """name -> Strategy. default_spec: PrefixBatchingConfig()'s num_shards;
-  adaptive_spec: 0010's policy at its defaults (None: not in the tree);
-  proposed_spec: a policy simulated before the tree has it (None: none)."""
+  adaptive_spec: 0010's policy at its defaults (None: not in the tree)."""
   out = {
       'baseline': Strategy(
           'baseline', lambda w, r, copies, seed: policies.PerProcessKey(copies),
@@ -128,13 +119,6 @@ def strategies(
         adaptive_spec,
         batching,
         f'0010 at its defaults ({policies.describe(adaptive_spec)})')
-  if proposed_spec is not None:
-    out['proposed'] = keyed(
-        'proposed',
-        proposed_spec,
-        batching,
-        'the two-stage policy proposed for 0010 (bench/RESEARCH.md), simulated '
-        f'only ({policies.describe(proposed_spec)})')
   out['oracle'] = Strategy(
       'oracle', None, False, 'oracle: known traffic, LPT over measured work')
   return out
