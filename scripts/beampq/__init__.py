@@ -29,7 +29,11 @@ Modules, in the spirit of git-buildpackage:
   project    the paths of a patch-set repository and its pinned base
   git        the only module that runs git
   sdist      fetch the pinned sdist through pip's index and verify it
-  queue      import the queue as commits, refresh patches/ from them, check
+  state      whether build/beam is current (built from what patches/ holds)
+  newfiles   the files the queue adds: in sdks/, and as their patch adds them
+  tree       import the queue as commits: build/beam, kept current
+  refresh    write patches/, sdks/ and the series back from the commits
+  check      patches/, sdks/, the series and the tree agree
   changes    our CHANGES.md entries, and inserting them into Beam's
   upstream   apply the queue to a Beam checkout; export pull requests
   gates      Beam's tests and lint on the patched tree

@@ -52,8 +52,10 @@ from pathlib import Path
 from typing import Optional
 
 from beampq import Error
-from beampq import queue
+from beampq import check
+from beampq import refresh
 from beampq import sdist
+from beampq import tree
 from beampq import upstream
 from beampq.gates import differential as differential_gate
 from beampq.gates import lint
@@ -68,18 +70,18 @@ def fetch(project: Project, args: argparse.Namespace) -> int:
   return 0
 
 
-def tree(project: Project, args: argparse.Namespace) -> int:
-  queue.update(project, force=args.force)
+def tree_(project: Project, args: argparse.Namespace) -> int:
+  tree.update(project, force=args.force)
   return 0
 
 
-def refresh(project: Project, args: argparse.Namespace) -> int:
-  queue.refresh(project)
+def refresh_(project: Project, args: argparse.Namespace) -> int:
+  refresh.refresh(project)
   return 0
 
 
-def check(project: Project, args: argparse.Namespace) -> int:
-  queue.check(project)
+def check_(project: Project, args: argparse.Namespace) -> int:
+  check.check(project)
   return 0
 
 
@@ -148,12 +150,12 @@ def parser() -> argparse.ArgumentParser:
       dest='source',
       type=Path,
       help='use this local copy of the sdist instead of the index')
-  action('tree', tree, 'build build/beam').add_argument(
+  action('tree', tree_, 'build build/beam').add_argument(
       '--force',
       action='store_true',
       help='rebuild even if build/beam has work not in patches/')
-  action('refresh', refresh, 'write patches/ and sdks/ from the tree')
-  action('check', check, 'fail when the queue is inconsistent')
+  action('refresh', refresh_, 'write patches/ and sdks/ from the tree')
+  action('check', check_, 'fail when the queue is inconsistent')
   action('apply', apply, 'apply to a Beam checkout').add_argument(
       'checkout', type=Path)
   export_parser = action('export', export, 'one folder per pull request')

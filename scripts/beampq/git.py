@@ -28,6 +28,7 @@ and ``GIT_COMMITTER_*`` variables, as git itself would commit there.
 
 import dataclasses
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Optional
@@ -215,6 +216,41 @@ def patch_id(patch_text: str) -> Optional[str]:
   None when the patch has no diff."""
   out = run('patch-id', '--stable', cwd=Path.cwd(), stdin=patch_text).stdout
   return out.split()[0] if out.strip() else None
+
+
+def patched_paths(patch_text: str) -> list[str]:
+  """The files a `git format-patch` file changes."""
+  return re.findall(r'^diff --git a/(\S+) b/', patch_text, re.M)
+
+
+def verify_applies_exactly(
+    repo: Path, patch: Path, label: str, options: tuple[str, ...] = ()):
+  """Fails unless the patch applies to repo exactly (with git apply's
+  options, such as -R): no fuzz, no offsets. label names the patch in the
+  error."""
+  if '\ndiff --git ' not in patch.read_text():
+    return  # Only new files, which travel in sdks/: nothing to apply.
+  result = attempt(
+      'apply', '--check', '--verbose', *options, str(patch), cwd=repo)
+  said = result.stdout + result.stderr
+  if result.returncode != 0:
+    failed = re.search(r'error: patch failed: (\S+):(\d+)', said)
+    missing = re.search(r'error: (\S+): (does not exist|No such file)', said)
+    if failed:
+      where = f'{failed.group(1)} (hunk at line {failed.group(2)})'
+    elif missing:
+      where = f'{missing.group(1)} (no such file)'
+    else:
+      where = said.strip().splitlines()[-1] if said.strip() else '?'
+    raise Error(f'{label} does not apply: {where}')
+  moved = re.search(r'Hunk #(\d+) succeeded at (\d+) \((offset|fuzz)', said)
+  if moved:
+    current = re.findall(
+        r'^Checking patch (\S+)\.\.\.', said[:moved.start()], re.M)
+    raise Error(
+        f'{label} applies only with an {moved.group(3)}: '
+        f'{current[-1] if current else "?"} hunk #{moved.group(1)} lands at '
+        f'line {moved.group(2)}')
 
 
 def touched_paths(repo: Path, since: str) -> tuple[list[str], list[str]]:

@@ -131,7 +131,7 @@ def test_the_git_tests_pass_in_a_clone_with_its_own_identity(tmp_path):
       '-k',
       'not in_a_clone_with_its_own_identity',
       'scripts/beampq/git_test.py',
-      'scripts/beampq/queue_test.py::test_the_projects_identity_commits',
+      'scripts/beampq/tree_test.py::test_the_projects_identity_commits',
   ],
                           cwd=clone,
                           env=dict(

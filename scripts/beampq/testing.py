@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Optional
 
 from beampq import git
-from beampq import queue
+from beampq import refresh
 from beampq import series
+from beampq import tree
 from beampq.project import Project
 
 UTIL = ''.join(f'line {i}\n' for i in range(1, 41))
@@ -224,7 +225,7 @@ def start_pull_request(project: Project, name: str, before_patch: str):
 def make_queue(project: Project):
   """Gives a new project two pull requests: `fix` changes a line, then
   `feature` changes another and adds a module and its test."""
-  queue.update(project)
+  tree.update(project)
   commit_in_tree(
       project,
       '[Python] Change line 5\n\nBecause line 5 was wrong.',
@@ -238,7 +239,7 @@ def make_queue(project: Project):
           'sdks/python/apache_beam/new_mod.py': 'NEW = 1\n',
           'sdks/python/apache_beam/new_mod_test.py': 'import unittest\n',
       })
-  queue.refresh(project)
+  refresh.refresh(project)
   start_pull_request(project, 'feature', '0002-Python-Add-a-module.patch')
 
 
@@ -262,7 +263,7 @@ def make_follow_up_queue(project: Project):
   earlier one adds: `fix` adds mod.py (1, no other change) and changes
   line 5 of util.py (2); `feature` changes mod.py and line 30 of util.py
   (3), then mod.py next to its first change (4)."""
-  queue.update(project)
+  tree.update(project)
   util = project.tree / 'sdks/python/apache_beam/util.py'
   commit_in_tree(project, '[Python] Add mod', {MODULE_PATH: module_at(1)})
   commit_in_tree(
@@ -279,7 +280,7 @@ def make_follow_up_queue(project: Project):
       })
   commit_in_tree(
       project, '[Python] Change mod again', {MODULE_PATH: module_at(4)})
-  queue.refresh(project)
+  refresh.refresh(project)
   start_pull_request(
       project, 'feature', '0003-Python-Change-mod-and-line-30.patch')
 
@@ -293,7 +294,7 @@ def make_checkout(
   """A Beam checkout at the base (optionally with a CHANGES.md)."""
   subprocess.run(['git', 'clone', '-q', str(project.tree), str(path)],
                  check=True)
-  git.run('reset', '-q', '--hard', queue.BASE_TAG, cwd=path)
+  git.run('reset', '-q', '--hard', tree.BASE_TAG, cwd=path)
   if changes is not None:
     (path / 'CHANGES.md').write_text(changes)
     git.run('add', 'CHANGES.md', cwd=path, isolated=False)

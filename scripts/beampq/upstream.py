@@ -18,7 +18,7 @@
 """The queue outside this repository: applied to a Beam checkout, or
 exported as one folder per upstream pull request.
 
-Both write patches with `git format-patch -k` from a tree built by `queue`:
+Both write patches with `git format-patch -k` from a tree built by `tree`:
 the subjects are the commits' own, `[Python]` tag included, and `git am -k`
 keeps them so (plain `git am` would strip the tag). Each patch is its
 commit's own change: a commit that adds a file adds it as it was added, and
@@ -35,8 +35,8 @@ from typing import Optional
 from beampq import Error
 from beampq import changes
 from beampq import git
-from beampq import queue
 from beampq import series as series_model
+from beampq import tree
 from beampq.project import Project
 
 FORMAT_PATCH = (
@@ -104,9 +104,9 @@ def apply(project: Project, checkout: Path):
   _verify_checkout(project, checkout)
   entries = changes.read(project.changes)
   original = git.output('rev-parse', 'HEAD', cwd=checkout, isolated=False)
-  with queue.snapshot(project) as repo, \
+  with tree.snapshot(project) as repo, \
       tempfile.TemporaryDirectory() as scratch:
-    patches = _format_range(repo, queue.BASE_TAG, 'HEAD', Path(scratch))
+    patches = _format_range(repo, tree.BASE_TAG, 'HEAD', Path(scratch))
     try:
       for patch in patches:
         failed = _am(checkout, patch)
@@ -204,10 +204,10 @@ def export(project: Project, dest: Path, names: Optional[list[str]] = None):
   try:
     out = scratch / 'out'
     out.mkdir()
-    with queue.snapshot(project) as built:
+    with tree.snapshot(project) as built:
       repo = scratch / 'beam'
       git.run('clone', '-q', str(built), str(repo), cwd=scratch)
-    base_commit = git.output('rev-parse', queue.BASE_TAG, cwd=repo)
+    base_commit = git.output('rev-parse', tree.BASE_TAG, cwd=repo)
     git.set_author(
         repo, base_commit, author, git.identity('COMMITTER', project.root))
     commits = git.commits_since(repo, base_commit)

@@ -23,9 +23,10 @@ import subprocess
 import pytest
 
 from beampq import Error
+from beampq import check
 from beampq import git
-from beampq import queue
 from beampq import testing
+from beampq import tree
 from beampq import upstream
 from beampq.project import Project
 from beampq.testing import MODULE_PATH
@@ -42,7 +43,7 @@ def test_apply_reproduces_the_tree_and_keeps_subject_tags(project, tmp_path):
   upstream.apply(project, checkout)
   assert tree_id(checkout) == tree_id(project.tree)
   assert git.output(
-      'log', '--format=%s', f'{queue.BASE_TAG}..HEAD',
+      'log', '--format=%s', f'{tree.BASE_TAG}..HEAD',
       cwd=checkout).splitlines() == [
           '[Python] Add a module', '[Python] Change line 5'
       ]
@@ -137,11 +138,11 @@ def test_exported_series_apply_in_order_with_git_am_k(project, tmp_path):
       'log',
       '--format=%s|%an|%ad',
       '--date=raw',
-      f'{queue.BASE_TAG}..HEAD',
+      f'{tree.BASE_TAG}..HEAD',
       cwd=checkout).splitlines() == [
           f'{subject}|Test Author|{date}' for subject, date in zip(
               ['[Python] Add a module', '[Python] Change line 5'], git.output(
-                  'log', '--format=%ad', '--date=raw', f'{queue.BASE_TAG}..',
+                  'log', '--format=%ad', '--date=raw', f'{tree.BASE_TAG}..',
                   cwd=project.tree).splitlines())
       ]
 
@@ -168,7 +169,7 @@ def test_export_carries_the_exporters_name(project, tmp_path, monkeypatch):
   upstream.export(project, tmp_path / 'out')
   for patch in (tmp_path / 'out').rglob('*.patch'):
     assert 'From: The Exporter <exporter@example.com>' in patch.read_text()
-  queue.check(project)  # patches/ are left as they were
+  check.check(project)  # patches/ are left as they were
 
 
 def test_export_one_pull_request(project, tmp_path):
@@ -223,29 +224,29 @@ def test_a_later_change_to_a_new_file_applies_and_exports(follow_up, tmp_path):
 @pytest.fixture(scope='module')
 def real_tree(tmp_path_factory):
   project = Project()
-  tree = tmp_path_factory.mktemp('real') / 'beam'
-  queue.build(project, tree, quiet=True)
-  return project, tree
+  built = tmp_path_factory.mktemp('real') / 'beam'
+  tree.build(project, built, quiet=True)
+  return project, built
 
 
 def test_real_queue_applies_to_a_base_checkout(real_tree, tmp_path):
-  project, tree = real_tree
+  project, built = real_tree
   checkout = tmp_path / 'beam'
-  subprocess.run(['git', 'clone', '-q', str(tree), str(checkout)], check=True)
-  git.run('reset', '-q', '--hard', queue.BASE_TAG, cwd=checkout)
+  subprocess.run(['git', 'clone', '-q', str(built), str(checkout)], check=True)
+  git.run('reset', '-q', '--hard', tree.BASE_TAG, cwd=checkout)
   upstream.apply(project, checkout)
-  assert tree_id(checkout) == tree_id(tree)
+  assert tree_id(checkout) == tree_id(built)
 
 
 def test_real_pull_requests_export_and_apply_in_order(real_tree, tmp_path):
-  project, tree = real_tree
+  project, built = real_tree
   dest = tmp_path / 'out'
   upstream.export(project, dest)
   checkout = tmp_path / 'beam'
-  subprocess.run(['git', 'clone', '-q', str(tree), str(checkout)], check=True)
-  git.run('reset', '-q', '--hard', queue.BASE_TAG, cwd=checkout)
+  subprocess.run(['git', 'clone', '-q', str(built), str(checkout)], check=True)
+  git.run('reset', '-q', '--hard', tree.BASE_TAG, cwd=checkout)
   series = project.read_series()
   for pr in series.pull_requests:
     am(checkout, dest / pr.name / 'squashed.patch')
-  assert tree_id(checkout) == tree_id(tree)
+  assert tree_id(checkout) == tree_id(built)
   assert len(series.pull_requests) == len(list(dest.iterdir()))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable
 
 from beampq import git
-from beampq import queue
+from beampq import tree as tree_module
 from beampq.project import Project
 
 
@@ -61,8 +61,8 @@ class Workspace:
   def open(cls, project: Project) -> 'Workspace':
     """Brings build/beam up to date (keeping local work) and reads what it
     touches."""
-    tree = queue.update(project, local_work_ok=True)
-    modified, added = git.touched_paths(tree, queue.BASE_TAG)
+    tree = tree_module.update(project, local_work_ok=True)
+    modified, added = git.touched_paths(tree, tree_module.BASE_TAG)
     subdir = project.base.subdir
     return cls(
         project,
@@ -83,7 +83,7 @@ class Workspace:
     """The base's Python SDK folder, extracted once into build/base (for
     the ratchets and the regression gate's reruns)."""
     project = self.project
-    base_commit = git.output('rev-parse', queue.BASE_TAG, cwd=self.tree)
+    base_commit = git.output('rev-parse', tree_module.BASE_TAG, cwd=self.tree)
     marker = project.base_files / '.commit'
     sdk = project.base_files / project.base.subdir
     if marker.is_file() and marker.read_text() == base_commit:

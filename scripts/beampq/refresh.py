@@ -1,0 +1,220 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Refresh: the commits of build/beam back to patches/, sdks/ and the
+series, after editing them there (commit, amend, rebase -i). Each patch
+keeps the upstream pull request it belonged to; whoever refreshes becomes
+the author of the patches.
+"""
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from beampq import Error
+from beampq import git
+from beampq import series as series_model
+from beampq import state
+from beampq.project import Project
+from beampq.tree import BASE_TAG
+
+
+def _format_patch(
+    repo: Path, commit: str, number: int, out: Path, paths: list[str]) -> Path:
+  git.run(
+      'format-patch',
+      '-1',
+      commit,
+      '--quiet',
+      '--zero-commit',
+      '--no-signature',
+      '--full-index',
+      f'--start-number={number}',
+      '-o',
+      str(out),
+      '--',
+      *paths,
+      cwd=repo)
+  made = sorted(out.glob(f'{number:04d}-*.patch'))
+  if len(made) != 1:
+    raise Error(f'git format-patch wrote {len(made)} files for {commit[:12]}')
+  return made[0]
+
+
+class _PullRequestFinder:
+  """Which pull request a commit belongs to, from the series it was built
+  from: the pull request of the patch with the same subject, else of the
+  patch with the same diff (a reworded commit), else of the commit before
+  it (a new commit joins the pull request it follows)."""
+  def __init__(self, previous: series_model.Series, patches_dir: Path):
+    if not previous.pull_requests:
+      raise Error(
+          'the series names no pull request: add a "[name]" line to '
+          'patches/series for the commits to belong to')
+    self.first = previous.pull_requests[0].name
+    self.by_subject: dict[str, str] = {}
+    self.by_diff: dict[str, str] = {}
+    for pr in previous.pull_requests:
+      for patch in pr.patches:
+        path = patches_dir / patch.name
+        if not path.is_file():
+          continue
+        text = path.read_text()
+        self.by_subject.setdefault(git.patch_subject(text), pr.name)
+        diff = git.patch_id(text)
+        if diff:
+          self.by_diff.setdefault(diff, pr.name)
+    self.last: Optional[str] = None
+
+  def __call__(self, subject: str, patch_text: str) -> str:
+    found = self.by_subject.get(subject)
+    if found is None:
+      diff = git.patch_id(patch_text)
+      found = self.by_diff.get(diff) if diff else None
+    self.last = found or self.last or self.first
+    return self.last
+
+
+def write_patches(
+    repo: Path,
+    base_commit: str,
+    out: Path,
+    previous: series_model.Series,
+    patches_dir: Path) -> series_model.Series:
+  """Writes the commits base..HEAD of repo as out/patches/*.patch, their new
+  files under out/sdks/ (as HEAD has them) and out/patches/series; each patch
+  keeps the pull request it had in previous (whose files are in
+  patches_dir). A patch holds its diffs to upstream files and to files that
+  earlier commits add, not the files it adds itself."""
+  if git.attempt('merge-base', '--is-ancestor', base_commit, 'HEAD',
+                 cwd=repo).returncode != 0:
+    raise Error(f'{repo} HEAD does not descend from the base')
+  if git.output('rev-list', '--merges', f'{base_commit}..HEAD', cwd=repo):
+    raise Error(f'{repo} has merge commits; the queue must be linear')
+  pull_request_of = _PullRequestFinder(previous, patches_dir)
+  upstream = set(
+      git.output('ls-tree', '-r', '--name-only', base_commit,
+                 cwd=repo).split('\n'))
+  (out / 'patches').mkdir(parents=True)
+  owner: dict[str, str] = {}
+  patches = []
+  names = []
+  for number, commit in enumerate(git.commits_since(repo, base_commit), 1):
+    subject = git.output('log', '-1', '--format=%s', commit, cwd=repo)
+    fields = git.output(
+        'diff-tree',
+        '-r',
+        '-z',
+        '--no-renames',
+        '--no-commit-id',
+        '--name-status',
+        f'{commit}^',
+        commit,
+        cwd=repo).split('\0')
+    changed = list(zip(fields[0::2], fields[1::2]))
+    added = []
+    for status, path in changed:
+      if path in upstream:
+        continue
+      if path in owner:
+        if status != 'M':
+          raise Error(
+              f'"{subject}" deletes {path}, which "{owner[path]}" adds: '
+              'take it out of the commit that adds it instead '
+              f'(git rebase -i {BASE_TAG})')
+        continue
+      if status != 'A' or not path.startswith('sdks/'):
+        raise Error(f'"{subject}" adds {path}; new files must be under sdks/')
+      owner[path] = subject
+      added.append(path)
+    modified = [path for _, path in changed if path not in added]
+    if not changed:
+      raise Error(f'"{subject}" changes nothing; drop it')
+    patch = _format_patch(
+        repo, commit, number, out / 'patches', modified or added)
+    text = patch.read_text()
+    if not modified:
+      # Only new files: keep the message, the files travel in sdks/. Cut
+      # before the diffstat too, so that git am keeps an empty commit.
+      end = text.rindex('\n---\n', 0, text.index('\ndiff --git '))
+      text = text[:end + 1]
+      patch.write_text(text)
+    patches.append(series_model.Patch(patch.name, added))
+    names.append(pull_request_of(subject, text))
+  for path in owner:
+    target = out / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(git.binary_output('show', f'HEAD:{path}', cwd=repo))
+  series = series_model.group(patches, names)
+  (out / 'patches' / 'series').write_text(series_model.to_text(series))
+  return series
+
+
+def refresh(project: Project):
+  """Writes patches/, sdks/ and the series from build/beam's commits, made
+  the user's: every commit gets git's identity as its author (keeping its
+  date), so the patches carry the name of whoever refreshed them."""
+  tree = project.tree
+  now = state.tree_state(project)
+  if now.stamp is None:
+    raise Error(
+        f'{project.rel(tree)} is not a tree built by beampq; '
+        'run `beampq tree` first')
+  in_progress = git.operation_in_progress(tree)
+  if in_progress:
+    raise Error(
+        f'a {in_progress} is in progress in {project.rel(tree)}; '
+        'finish or abort it first')
+  dirty = git.dirty_paths(tree)
+  if dirty:
+    raise Error(
+        f'{project.rel(tree)} has uncommitted changes '
+        f'({dirty[0].strip()}, ...): commit them first')
+  author = git.identity('AUTHOR', project.root)
+  rewritten = git.set_author(
+      tree, now.base_commit, author, git.identity('COMMITTER', project.root))
+  if rewritten:
+    print(f'beampq: {rewritten} commits now have the author {author}')
+  previous = project.read_series()
+  with tempfile.TemporaryDirectory(dir=project.build) as scratch:
+    out = Path(scratch)
+    series = write_patches(
+        tree, now.base_commit, out, previous, project.patches)
+    head = git.output('rev-parse', 'HEAD', cwd=tree)
+    for old in project.patches.glob('*.patch'):
+      old.unlink()
+    for patch in (out / 'patches').iterdir():
+      shutil.copyfile(patch, project.patches / patch.name)
+    if project.new_files.exists():
+      shutil.rmtree(project.new_files)
+    if (out / 'sdks').exists():
+      shutil.copytree(out / 'sdks', project.new_files)
+  state.write_stamp(
+      tree,
+      digest=state.inputs_digest(project, series),
+      head=head,
+      base=now.base_commit)
+  for pr in series.pull_requests:
+    print(f'beampq: [{pr.name}]')
+    for patch in pr.patches:
+      extra = f' (+ {len(patch.new_files)} new files)' if patch.new_files else ''
+      print(f'beampq:   wrote patches/{patch.name}{extra}')
+  print(
+      f'beampq: refreshed {len(series.patches)} patches in '
+      f'{len(series.pull_requests)} pull requests and '
+      f'{len(series.new_files)} new files from {project.rel(tree)}')

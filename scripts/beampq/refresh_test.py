@@ -1,0 +1,178 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Tests of beampq.refresh: patches/, sdks/ and the series from
+build/beam's commits."""
+
+import shutil
+
+import pytest
+
+from beampq import Error
+from beampq import check
+from beampq import git
+from beampq import refresh
+from beampq import testing
+from beampq import tree
+from beampq.testing import MODULE_PATH
+from beampq.testing import UTIL
+from beampq.testing import commit_in_tree
+from beampq.testing import tree_git
+from beampq.testing import tree_id
+
+FIRST = '0001-Python-Change-line-5.patch'
+SECOND = '0002-Python-Add-a-module.patch'
+
+
+def test_refresh_writes_patches_series_and_new_files(project):
+  series = project.read_series()
+  assert [(pr.name, [p.name for p in pr.patches])
+          for pr in series.pull_requests] == [('fix', [FIRST]),
+                                              ('feature', [SECOND])]
+  assert series.patches[1].new_files == [
+      'sdks/python/apache_beam/new_mod.py',
+      'sdks/python/apache_beam/new_mod_test.py',
+  ]
+  second = (project.patches / SECOND).read_text()
+  assert 'Subject: [PATCH] [Python] Add a module' in second
+  assert '+thirty' in second
+  assert 'new_mod' not in second, 'new files travel in sdks/, not patches'
+  assert (project.root /
+          'sdks/python/apache_beam/new_mod.py').read_text() == 'NEW = 1\n'
+
+
+def test_refresh_makes_the_refresher_the_author(project):
+  dated = '2025-03-04T05:06:07+00:00'
+  commit_in_tree(
+      project,
+      '[Python] Change line 9',
+      {
+          'sdks/python/apache_beam/util.py': (
+              project.tree /
+              'sdks/python/apache_beam/util.py').read_text().replace(
+                  'line 9\n', 'nine\n')
+      },
+      env={
+          'GIT_AUTHOR_NAME': 'Someone Else',
+          'GIT_AUTHOR_EMAIL': 'else@example.com',
+          'GIT_AUTHOR_DATE': dated
+      })
+  refresh.refresh(project)
+  third = (project.patches / '0003-Python-Change-line-9.patch').read_text()
+  assert 'From: Test Author <author@example.com>' in third
+  assert 'Date: Tue, 4 Mar 2025 05:06:07 +0000' in third
+  assert tree_git(project, 'log', '-1', '--format=%an') == 'Test Author'
+  check.check(project)
+
+
+def test_refresh_keeps_each_patch_in_its_pull_request(project):
+  # Reword the first patch of `feature` and add a commit after it: the
+  # reworded patch stays in `feature` (same diff) and the new one joins it.
+  tree_git(project, 'commit', '-q', '--amend', '-m', '[Python] Add new_mod')
+  commit_in_tree(
+      project, '[Python] Add x', {'sdks/python/apache_beam/x.py': 'X\n'})
+  refresh.refresh(project)
+  assert [
+      (pr.name, [p.name for p in pr.patches])
+      for pr in project.read_series().pull_requests
+  ] == [
+      ('fix', [FIRST]),
+      ('feature', ['0002-Python-Add-new_mod.patch', '0003-Python-Add-x.patch']),
+  ]
+  check.check(project)
+
+
+def test_refresh_refuses_a_pull_request_split_in_two(project):
+  # A commit moved (here: copied) from `fix` to after `feature`.
+  commit_in_tree(
+      project,
+      '[Python] Change line 5',
+      {
+          'sdks/python/apache_beam/util.py': (
+              project.tree /
+              'sdks/python/apache_beam/util.py').read_text().replace(
+                  'line 6\n', 'six\n')
+      })
+  with pytest.raises(Error, match='belongs to pull request \\[fix\\]'):
+    refresh.refresh(project)
+  tree.update(project, force=True)
+  check.check(project)
+
+
+def test_refresh_needs_a_pull_request(tmp_path, index):
+  index.publish('apache_beam-9.9.0.tar.gz', testing.SDIST)
+  project = testing.make_project(tmp_path)
+  project.series_file.write_text('')
+  tree.update(project)
+  commit_in_tree(project, 'Change', {'sdks/python/apache_beam/util.py': 'x\n'})
+  with pytest.raises(Error, match='the series names no pull request'):
+    refresh.refresh(project)
+
+
+def test_amended_commit_round_trips(project):
+  tree_git(project, 'rebase', '-q', '--exec', 'true', tree.BASE_TAG)
+  (project.tree / 'sdks/python/apache_beam/new_mod.py').write_text('NEW = 2\n')
+  tree_git(project, 'commit', '-qa', '--amend', '--no-edit')
+  refresh.refresh(project)
+  assert (project.root /
+          'sdks/python/apache_beam/new_mod.py').read_text() == 'NEW = 2\n'
+  check.check(project)
+
+
+def test_refresh_refuses_a_dirty_tree(project):
+  (project.tree / 'sdks/python/apache_beam/util.py').write_text('dirty\n')
+  with pytest.raises(Error, match='uncommitted changes'):
+    refresh.refresh(project)
+
+
+def test_refresh_refuses_an_operation_in_progress(project):
+  tree_git(project, 'checkout', '-q', '-b', 'other', 'HEAD~1')
+  commit_in_tree(
+      project,
+      'Conflicting',
+      {'sdks/python/apache_beam/util.py': UTIL.replace('line 30\n', 'x\n')})
+  assert git.attempt('cherry-pick', 'main', cwd=project.tree).returncode != 0
+  with pytest.raises(Error, match='a cherry-pick is in progress'):
+    refresh.refresh(project)
+
+
+def test_refresh_refuses_a_later_commit_that_deletes_a_new_file(follow_up):
+  tree_git(follow_up, 'rm', '-q', MODULE_PATH)
+  tree_git(follow_up, 'commit', '-qm', 'Drop mod')
+  with pytest.raises(Error,
+                     match=f'"Drop mod" deletes {MODULE_PATH}, which '
+                     '"\\[Python\\] Add mod" adds'):
+    refresh.refresh(follow_up)
+
+
+def test_refresh_keeps_a_commit_that_only_adds_files(project):
+  commit_in_tree(project, 'Only new', {'sdks/python/apache_beam/x.py': 'X\n'})
+  refresh.refresh(project)
+  patch = project.read_series().patches[-1]
+  assert patch.new_files == ['sdks/python/apache_beam/x.py']
+  assert 'diff --git' not in (project.patches / patch.name).read_text()
+  edited = tree_id(project.tree)
+  # Rebuilt from scratch, so that git am meets the patch without a diff.
+  shutil.rmtree(project.tree)
+  tree.update(project)
+  assert tree_id(project.tree) == edited
+
+
+def test_refresh_needs_a_tree(tmp_path, index):
+  project = testing.make_project(tmp_path)
+  with pytest.raises(Error, match='not a tree built by beampq'):
+    refresh.refresh(project)

@@ -1,0 +1,115 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Whether build/beam is current: built from exactly what patches/ holds,
+with nothing changed since. One question has one answer here: `tree_state`,
+and everything that needs to know asks it.
+
+A build or a refresh leaves a stamp in the tree's .git: the digest of the
+inputs it was built from (`inputs_digest`), its HEAD and its base commit.
+"""
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Optional
+
+from beampq import git
+from beampq import series as series_model
+from beampq.project import Project
+
+# Bump when the way a tree is built changes, so existing trees are rebuilt.
+TREE_FORMAT = '3'
+STAMP = 'beampq.json'
+
+
+def read_bytes(path: Path) -> bytes:
+  """A file's content, or a marker no file holds when it is missing."""
+  return path.read_bytes() if path.is_file() else b'\0missing'
+
+
+def inputs_digest(project: Project, series: series_model.Series) -> str:
+  """A digest of everything a tree is built from. The pull request lines of
+  the series are not part of it: they do not change the tree."""
+  digest = hashlib.sha256()
+
+  def add(label: str, data: bytes):
+    digest.update(f'{label}\0{len(data)}\0'.encode())
+    digest.update(data)
+
+  add('format', TREE_FORMAT.encode())
+  add('base', f'{project.base.sha256} {project.base.subdir}'.encode())
+  for patch in series.patches:
+    add(patch.name, read_bytes(project.patches / patch.name))
+    for path in patch.new_files:
+      add(path, read_bytes(project.root / path))
+  return digest.hexdigest()
+
+
+def write_stamp(tree: Path, **state: str):
+  """Records what the tree was built or refreshed from (digest, head,
+  base)."""
+  (tree / '.git' / STAMP).write_text(json.dumps(state, indent=1) + '\n')
+
+
+def _read_stamp(tree: Path) -> Optional[dict[str, str]]:
+  stamp = tree / '.git' / STAMP
+  if not stamp.is_file():
+    return None
+  try:
+    return json.loads(stamp.read_text())
+  except ValueError:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeState:
+  """What build/beam holds compared with patches/."""
+  # The stamp a build or refresh left; None when there is no tree built by
+  # beampq.
+  stamp: Optional[dict[str, str]]
+  # What the developer changed since the last build or refresh: a moved
+  # HEAD, uncommitted changes.
+  local_work: list[str]
+  # Built from exactly what patches/ holds now, and nothing changed since.
+  current: bool
+
+  @property
+  def base_commit(self) -> str:
+    assert self.stamp is not None
+    return self.stamp['base']
+
+
+def tree_state(
+    project: Project,
+    series: Optional[series_model.Series] = None) -> TreeState:
+  """Whether build/beam is current, and what local work it has."""
+  tree = project.tree
+  stamp = _read_stamp(tree) if tree.is_dir() else None
+  if stamp is None:
+    return TreeState(None, [], False)
+  local_work = []
+  head = git.output('rev-parse', 'HEAD', cwd=tree)
+  if head != stamp.get('head'):
+    local_work.append(f'HEAD moved to {head[:12]}')
+  dirty = git.dirty_paths(tree)
+  if dirty:
+    local_work.append(f'{len(dirty)} uncommitted changes ({dirty[0].strip()})')
+  digest = inputs_digest(project, series or project.read_series())
+  return TreeState(
+      stamp, local_work, stamp.get('digest') == digest and not local_work)

@@ -1,0 +1,51 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Tests of beampq.state: whether build/beam is current."""
+
+import shutil
+
+from beampq import state
+from beampq import testing
+from beampq.testing import tree_git
+
+SECOND = '0002-Python-Add-a-module.patch'
+
+
+def test_tree_state_is_the_one_answer_to_is_it_current(project):
+  now = state.tree_state(project)
+  assert now.current and not now.local_work
+  (project.tree / 'sdks/python/apache_beam/util.py').write_text('dirty\n')
+  now = state.tree_state(project)
+  assert not now.current
+  assert now.local_work == [
+      '1 uncommitted changes (M sdks/python/apache_beam/util.py)'
+  ]
+  tree_git(project, 'checkout', '--', '.')
+  assert state.tree_state(project).current
+  (project.root / 'sdks/python/apache_beam/new_mod.py').write_text('X = 2\n')
+  now = state.tree_state(project)
+  assert not now.current and not now.local_work, 'patches/ moved on'
+  shutil.rmtree(project.tree)
+  assert state.tree_state(project) == state.TreeState(None, [], False)
+
+
+def test_pull_request_lines_do_not_make_the_tree_stale(project):
+  testing.start_pull_request(project, 'extra', SECOND)
+  project.series_file.write_text(
+      project.series_file.read_text().replace('[feature]\n', ''))
+  assert state.tree_state(project).current

@@ -1,0 +1,197 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""build/beam from the queue: a git repository shaped like a Beam checkout,
+the base (tag `base`) plus one commit per patch, each with the new files it
+adds as it adds them (`newfiles.as_added`). `update` keeps build/beam
+current and never discards local work unless forced; `snapshot` gives a
+repository that holds the queue exactly, for the steps that read it.
+"""
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+from typing import Iterator
+
+from beampq import Error
+from beampq import git
+from beampq import newfiles
+from beampq import sdist
+from beampq import state
+from beampq.project import Project
+
+# The tag of the base commit in every tree: `git rebase -i base`.
+BASE_TAG = 'base'
+# Build outputs that must not make the tree look edited.
+TREE_EXCLUDES = [
+    '__pycache__/',
+    '*.pyc',
+    '.pytest_cache/',
+    '.mypy_cache/',
+    '*.so',
+    '*.c',
+    '*.egg-info/',
+    'build/',
+    'pytest_*.xml'
+]
+
+
+def build(project: Project, dest: Path, quiet: bool = False) -> str:
+  """Imports the queue into a new git repository at dest (which must not
+  exist): the base commit, tagged `base`, then one commit per patch with its
+  new files as that patch adds them (`as_added`). Returns HEAD.
+
+  The commits are made by the user (git's identity) and dated as what they
+  hold: the base at its release's date, each patch at its own date, so a
+  rebuild by the same user gives the same commits.
+  """
+  base = project.base
+  tarball = sdist.fetch(project)
+  series = project.read_series()
+  new_content = newfiles.as_added(project, series)
+  committer = git.identity('COMMITTER', project.root)
+  say: Callable[..., None] = (lambda *a: None) if quiet else print
+  dest.mkdir(parents=True)
+  git.run('init', '-q', '-b', 'main', cwd=dest)
+  git.run('config', 'core.excludesFile', os.devnull, cwd=dest)
+  (dest / '.git' / 'info').mkdir(exist_ok=True)
+  (dest / '.git' / 'info' / 'exclude').write_text('\n'.join(TREE_EXCLUDES))
+  released = f'@{sdist.extract(tarball, dest / base.subdir)} +0000'
+  git.run('add', '-A', cwd=dest)
+  git.run(
+      'commit',
+      '-q',
+      '-m',
+      f'{base.project} {base.version} sdist (the base)\n\n'
+      f'{base.filename}, sha256 {base.sha256}, extracted into {base.subdir}.',
+      cwd=dest,
+      env={
+          **committer.env('AUTHOR', released),
+          **committer.env('COMMITTER', released)
+      })
+  git.run('tag', BASE_TAG, cwd=dest)
+  base_commit = git.output('rev-parse', 'HEAD', cwd=dest)
+  say(
+      f'beampq: base {base.project} {base.version} -> '
+      f'{base_commit[:12]} (tag {BASE_TAG})')
+  for patch in series.patches:
+    path = project.patches / patch.name
+    label = f'patches/{patch.name}'
+    if not path.is_file():
+      raise Error(
+          f'{project.rel(project.series_file)} names {label}, '
+          'which does not exist')
+    git.verify_applies_exactly(dest, path, label)
+    applied = git.attempt(
+        'am',
+        '--quiet',
+        '--keep-non-patch',
+        '--empty=keep',
+        '--committer-date-is-author-date',
+        str(path),
+        cwd=dest,
+        env=committer.env('COMMITTER'))
+    if applied.returncode != 0:
+      git.attempt('am', '--abort', cwd=dest)
+      raise Error(
+          f'{label} does not apply: git am failed: '
+          f'{applied.stderr.strip().splitlines()[-1:]}')
+    for new_file in patch.new_files:
+      target = dest / new_file
+      if target.exists():
+        raise Error(
+            f'{new_file} is listed as a new file of {patch.name}, but '
+            'the tree already has it')
+      target.parent.mkdir(parents=True, exist_ok=True)
+      target.write_bytes(new_content[new_file])
+      git.run('add', new_file, cwd=dest)
+    if patch.new_files:
+      authored = git.output('log', '-1', '--format=%aI', cwd=dest)
+      git.run(
+          'commit',
+          '-q',
+          '--amend',
+          '--no-edit',
+          cwd=dest,
+          env=committer.env('COMMITTER', authored))
+    head = git.output('rev-parse', 'HEAD', cwd=dest)
+    extra = f' + {len(patch.new_files)} new files' if patch.new_files else ''
+    say(f'beampq: applied {patch.name}{extra} -> {head[:12]}')
+  head = git.output('rev-parse', 'HEAD', cwd=dest)
+  state.write_stamp(
+      dest,
+      digest=state.inputs_digest(project, series),
+      head=head,
+      base=base_commit)
+  return head
+
+
+def update(
+    project: Project, force: bool = False, local_work_ok: bool = False) -> Path:
+  """Makes build/beam current, rebuilding it when patches/ changed; never
+  discards local work unless forced.
+
+  With local_work_ok (the gates), a tree with local work is used as it is,
+  so that edits can be tested before they are refreshed into patches/.
+  """
+  tree = project.tree
+  now = state.tree_state(project)
+  if now.current:
+    assert now.stamp is not None
+    print(
+        f'beampq: {project.rel(tree)} is up to date '
+        f'(HEAD {now.stamp["head"][:12]})')
+    return tree
+  if now.local_work and local_work_ok:
+    print(
+        f'beampq: using {project.rel(tree)} with work not in patches/ '
+        f'({"; ".join(now.local_work)})')
+    return tree
+  if now.local_work and not force:
+    raise Error(
+        f'{project.rel(tree)} has work that is not in patches/ '
+        f'({"; ".join(now.local_work)}): run `beampq refresh` to keep it '
+        'or `beampq tree --force` to discard it')
+  project.build.mkdir(parents=True, exist_ok=True)
+  scratch = Path(tempfile.mkdtemp(prefix='.beam-', dir=project.build))
+  try:
+    build(project, scratch / 'beam')
+    if tree.exists():
+      tree.rename(scratch / 'old')
+    (scratch / 'beam').rename(tree)
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+  print(f'beampq: patched tree at {tree}')
+  return tree
+
+
+@contextlib.contextmanager
+def snapshot(project: Project) -> Iterator[Path]:
+  """Yields a repository holding the queue exactly as patches/ and sdks/
+  do: build/beam when it is current, else a temporary build (build/beam is
+  left alone)."""
+  if state.tree_state(project).current:
+    yield project.tree
+    return
+  project.build.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=project.build) as scratch:
+    repo = Path(scratch) / 'beam'
+    build(project, repo, quiet=True)
+    yield repo

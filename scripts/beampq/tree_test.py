@@ -1,0 +1,180 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Tests of beampq.tree: importing the queue as commits (build/beam),
+keeping it current, and never discarding local work."""
+
+import shutil
+
+import pytest
+
+from beampq import Error
+from beampq import check
+from beampq import git
+from beampq import refresh
+from beampq import testing
+from beampq import tree
+from beampq import upstream
+from beampq.testing import UTIL
+from beampq.testing import commit_in_tree
+from beampq.testing import tree_git
+from beampq.testing import tree_id
+
+FIRST = '0001-Python-Change-line-5.patch'
+SECOND = '0002-Python-Add-a-module.patch'
+
+
+def test_tree_has_the_base_then_one_commit_per_patch(project):
+  subjects = tree_git(project, 'log', '--reverse', '--format=%s').splitlines()
+  assert subjects == [
+      'apache-beam 9.9.0 sdist (the base)',
+      '[Python] Change line 5',
+      '[Python] Add a module',
+  ]
+  assert tree_git(project, 'rev-parse',
+                  'HEAD~2') == tree_git(project, 'rev-parse', tree.BASE_TAG)
+  assert (project.tree / 'sdks/python/setup.cfg').read_text() == '[yapf]\n'
+  added = tree_git(
+      project, 'show', '--name-only', '--diff-filter=A', '--format=', 'HEAD')
+  assert added.split() == [
+      'sdks/python/apache_beam/new_mod.py',
+      'sdks/python/apache_beam/new_mod_test.py',
+  ]
+
+
+def test_tree_commits_are_the_users_and_dated_as_what_they_hold(project):
+  tree.update(project, force=True)
+  log = tree_git(project, 'log', '--reverse',
+                 '--format=%an|%cn|%ce|%at|%ct').splitlines()
+  base, *patches = [line.split('|') for line in log]
+  assert base == [
+      'Test Committer',
+      'Test Committer',
+      'committer@example.com',
+      str(testing.RELEASED),
+      str(testing.RELEASED),
+  ]
+  for author, committer, _, authored, committed in patches:
+    assert (author, committer) == ('Test Author', 'Test Committer')
+    assert committed == authored, 'committed when the patch is dated'
+
+
+def test_the_projects_identity_commits(project, tmp_path, monkeypatch):
+  # The user set their identity in their clone of the patch set only, and
+  # runs beampq from elsewhere: tree, refresh and export commit as them.
+  commit_in_tree(
+      project,
+      '[Python] Change line 9',
+      {'sdks/python/apache_beam/util.py': UTIL.replace('line 9\n', 'x\n')},
+      env={'GIT_AUTHOR_NAME': 'Someone Else'})
+  testing.forget_identity(monkeypatch, tmp_path)
+  git.run('init', '-q', cwd=project.root)
+  git.run('config', 'user.name', 'Ada', cwd=project.root)
+  git.run('config', 'user.email', 'ada@example.org', cwd=project.root)
+  monkeypatch.chdir(tmp_path)
+  refresh.refresh(project)
+  assert tree_git(
+      project, 'log', '--format=%an <%ae>|%cn',
+      f'{tree.BASE_TAG}..').splitlines() == ['Ada <ada@example.org>|Ada'] * 3
+  tree.build(project, tmp_path / 'beam', quiet=True)
+  assert set(
+      git.output('log', '--format=%an|%cn',
+                 cwd=tmp_path / 'beam').splitlines()) == {'Ada|Ada'}
+  upstream.export(project, tmp_path / 'out')
+  for patch in (tmp_path / 'out').rglob('*.patch'):
+    assert 'From: Ada <ada@example.org>' in patch.read_text()
+
+
+def test_rebuilt_tree_equals_the_refreshed_one(project):
+  edited = tree_id(project.tree)
+  tree.update(project, force=True)
+  assert tree_id(project.tree) == edited
+  check.check(project)
+
+
+def test_tree_is_reproducible_and_a_no_op_when_current(project, capsys):
+  tree.update(project, force=True)
+  rebuilt = tree_git(project, 'rev-parse', 'HEAD')
+  capsys.readouterr()
+  tree.update(project)
+  assert 'up to date' in capsys.readouterr().out
+  assert tree_git(project, 'rev-parse', 'HEAD') == rebuilt
+  tree.update(project, force=True)
+  assert tree_git(project, 'rev-parse', 'HEAD') == rebuilt
+
+
+def test_tree_keeps_local_work(project):
+  commit_in_tree(project, 'More', {'sdks/python/apache_beam/util.py': 'x\n'})
+  with pytest.raises(Error, match='has work that is not in patches'):
+    tree.update(project)
+  assert tree_git(project, 'log', '-1', '--format=%s') == 'More'
+  assert tree.update(project, local_work_ok=True) == project.tree
+  assert tree_git(project, 'log', '-1', '--format=%s') == 'More'
+  tree.update(project, force=True)
+  assert tree_git(
+      project, 'log', '-1', '--format=%s') == '[Python] Add a module'
+
+
+def test_a_patch_that_does_not_apply_fails_and_leaves_no_tree(project):
+  patch = project.patches / SECOND
+  patch.write_text(patch.read_text().replace(' line 29\n', ' line 29 !\n'))
+  shutil.rmtree(project.tree)
+  with pytest.raises(Error) as raised:
+    tree.update(project)
+  assert f'{SECOND} does not apply' in str(raised.value)
+  assert 'sdks/python/apache_beam/util.py' in str(raised.value)
+  assert not project.tree.exists()
+  assert [p.name for p in project.build.iterdir()] == ['cache']
+
+
+def test_a_failed_rebuild_keeps_the_previous_tree(project):
+  head = tree_git(project, 'rev-parse', 'HEAD')
+  patch = project.patches / SECOND
+  patch.write_text(patch.read_text().replace(' line 29\n', ' line 29 !\n'))
+  with pytest.raises(Error, match='does not apply'):
+    tree.update(project)
+  assert tree_git(project, 'rev-parse', 'HEAD') == head
+  with pytest.raises(Error, match='does not apply'):
+    tree.update(project)
+
+
+def test_a_patch_that_needs_an_offset_is_refused(project, tmp_path, index):
+  moved = testing.make_sdist({
+      'apache_beam/__init__.py': '',
+      'apache_beam/util.py': 'extra\nextra\n' + UTIL,
+      'setup.cfg': '[yapf]\n',
+  })
+  index.publish('apache_beam-9.9.0.tar.gz', moved)
+  other = testing.make_project(tmp_path / 'other', sdist=moved)
+  shutil.copy(project.patches / FIRST, other.patches)
+  other.series_file.write_text(f'[fix]\n{FIRST}\n')
+  with pytest.raises(Error, match='applies only with an offset'):
+    tree.update(other)
+
+
+def test_a_missing_patch_or_new_file_is_named(project):
+  shutil.rmtree(project.tree)
+  (project.root / 'sdks/python/apache_beam/new_mod.py').unlink()
+  with pytest.raises(Error,
+                     match='lists sdks/python/apache_beam/new_mod'
+                     f'.py under {SECOND}, but'):
+    tree.update(project)
+  (project.patches / FIRST).unlink()
+  with pytest.raises(Error,
+                     match=f'names patches/{FIRST}, which does not exist'):
+    tree.update(project)
+  assert not project.tree.exists()
