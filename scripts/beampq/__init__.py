@@ -37,6 +37,7 @@ Modules, in the spirit of git-buildpackage:
   changes    our CHANGES.md entries, and inserting them into Beam's
   upstream   apply the queue to a Beam checkout; export pull requests
   gates      Beam's tests and lint on the patched tree
+  pythons    the Pythons tox finds besides PATH's (pyenv's), for toxfile.py
   __main__   the command line: one function per action
 """
 

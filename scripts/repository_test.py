@@ -1,0 +1,102 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Rules for the repository as a whole, that no one module owns.
+
+The README's test command is what CI runs: `.ci/run` ends with it, as the
+README writes it, and does nothing before it that changes what it finds or
+runs (the Pythons tox finds come from toxfile.py, for both).
+"""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_test_command(readme: str) -> str:
+  """The README's command that runs the default tox envs: the one line of
+  its shell blocks that ends with `-m tox`."""
+  lines = [
+      line.strip() for block in re.findall(r'```sh\n(.*?)```', readme, re.S)
+      for line in block.splitlines()
+  ]
+  found = [line for line in lines if re.search(r'-m tox$', line)]
+  assert len(found) == 1, f'README.md: one test command, not {found}'
+  return found[0]
+
+
+def script_commands(script: str) -> list[str]:
+  """A shell script's lines that are not blank or comments."""
+  return [
+      line.strip() for line in script.splitlines()
+      if line.strip() and not line.strip().startswith('#')
+  ]
+
+
+def ci_problems(readme: str, ci: str) -> list[str]:
+  """Where CI's script departs from the README's test command."""
+  command = readme_test_command(readme)
+  commands = script_commands(ci)
+  problems = []
+  if commands[-1:] != [command]:
+    problems.append(
+        f'.ci/run ends with {commands[-1:]}, not the README\'s {command!r}')
+  for line in commands[:-1]:
+    if re.search(r'\bexport\b|\bPATH\b|PYENV|^\w+=|\s\w+=\S', line):
+      problems.append(f'.ci/run changes the environment: {line!r}')
+    if re.search(r'-m tox\b', line) and '--notest' not in line:
+      problems.append(f'.ci/run runs tox other than the README: {line!r}')
+  return problems
+
+
+def test_ci_runs_the_readmes_test_command():
+  readme = (ROOT / 'README.md').read_text()
+  ci = (ROOT / '.ci' / 'run').read_text()
+  assert ci_problems(readme, ci) == []
+
+
+README = '''\
+```sh
+python3 -m pip install tox && python3 -m tox -e tree
+# the tests
+python3 -m pip install tox && python3 -m tox
+```
+'''
+
+
+def test_a_ci_that_departs_from_the_readme_fails():
+  readme_command = 'python3 -m pip install tox && python3 -m tox'
+  assert ci_problems(README, f'set -e\n{readme_command}\n') == []
+  assert ci_problems(README, 'python3 -m tox\n') == [
+      f".ci/run ends with ['python3 -m tox'], not the README's "
+      f'{readme_command!r}'
+  ]
+  assert ci_problems(
+      README,
+      'PATH="$PATH:/root/.pyenv/versions/3.10.13/bin"\nexport PATH\n'
+      f'{readme_command}\n') == [
+          '.ci/run changes the environment: '
+          '\'PATH="$PATH:/root/.pyenv/versions/3.10.13/bin"\'',
+          ".ci/run changes the environment: 'export PATH'",
+      ]
+  assert ci_problems(
+      README,
+      'python3 -m tox run-parallel --notest\npython3 -m tox -e py311\n'
+      f'{readme_command}\n') == [
+          ".ci/run runs tox other than the README: 'python3 -m tox -e py311'"
+      ]
