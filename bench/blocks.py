@@ -140,8 +140,8 @@ def _engine(results):
       continue
     for workload, e in by_w.items():
       parts.append(
-          f'{dep} {workload} {e["ratio"]:.2f}x (simulated '
-          f'{e["simulated_ratio"]:.2f}x)')
+          f'{dep} {workload} {e["ratio"]:.2f}x (the GPU-like model at that '
+          f'placement: {e["simulated_ratio"]:.2f}x)')
   first = next(
       e for dep, by_w in engine.items() if dep not in ('curve', 'name')
       for e in by_w.values())
