@@ -206,7 +206,8 @@ def _method(results):
       'Method: the figures come from a fleet simulator (this patch set\'s '
       '`bench` package, `tox -e bench`, benchmark v4) whose streaming '
       'batches equal those of the real transforms on the streaming '
-      'DirectRunner, batch for batch. Deployments: streaming_F3 (key ranges '
+      'DirectRunner, batch for batch, and whose batch deployment forms the '
+      'FnApiRunner\'s batches on a small case. Deployments: streaming_F3 (key ranges '
       're-cut every 10 s on past work), streaming_F2 (static hash), each '
       'against 2.77.0\'s stateful path placed the same way; batch, against '
       '2.77.0\'s stateless path, which the vLLM handlers use by default. '
@@ -276,7 +277,9 @@ def pr_prefix_batching(results) -> str:
       '',
   ] + _table(section, 'keyed_8') + [
       '',
-      _losses(results, 'keyed_8').replace('It is', 'Eight shards are', 1) +
+      _losses(results, 'keyed_8').replace(
+          "It is below", "Eight shards are below", 1).replace(
+              "its deployment's", "their deployment's", 1) +
       ' Prompts that share no prefix (W0) get batches of 1 with a prefix '
       'key function; eight shards per prefix split a cold prefix\'s '
       'batches eight ways and copy it into eight caches; the follow-up '

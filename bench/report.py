@@ -231,7 +231,9 @@ def _tables(section):
   return lines
 
 
-def _engine(section):
+def _engine(results):
+  section = results.get('v4', {})
+  replays = results.get('engine_runs', {}).get('replays', {})
   engine = section.get('engine')
   if not engine:
     return []
@@ -251,11 +253,16 @@ def _engine(section):
     if dep in ('curve', 'name'):
       continue
     for workload, e in by_w.items():
+      arms = replays.get(dep, {}).get(workload, {}).get('arms', {})
+      measured = ' / '.join(
+          f'{arms[a]["hit_rate"]:.2f}, {arms[a]["mean_batch_size"]:.1f}'
+          for a in ('default', 'baseline') if a in arms)
       rows.append([
           dep,
           workload,
           f'{e["ratio"]:.2f}',
           f'{e["simulated_ratio"]:.2f}',
+          measured,
           e['workers'],
           e['requests'],
           e['decode_tokens'],
@@ -265,6 +272,7 @@ def _engine(section):
       'workload',
       'default over baseline',
       'simulated',
+      'hit rate, mean batch: default / baseline',
       'workers',
       'requests per arm',
       'decoded tokens'
@@ -293,7 +301,7 @@ def render(results) -> str:
   lines = _meta(results)
   if 'streaming_F3' in section:
     lines += _goals(section) + _tables(section)
-  lines += _engine(section) + report_phases.sections(results)
+  lines += _engine(results) + report_phases.sections(results)
   return '\n'.join(lines) + '\n'
 
 
