@@ -151,3 +151,23 @@ def test_off_goal_points_use_fewer_seeds():
   assert len(v4.seeds_for('W1', '16', quick=False)) == 2
   assert v4.decodes_for('W2', '64', 'streaming_F3') == (64, )
   assert v4.decodes_for('W1', '64', 'streaming_F3') == v4.DECODES
+
+
+def test_the_committed_runs_bound_is_above_every_strategy_at_every_placement():
+  from pathlib import Path
+  path = Path(__file__).resolve().parent / 'results.json'
+  section = json.loads(path.read_text()).get('v4')
+  if section is None:
+    pytest.skip('the committed run has no v4 section')
+  checked = 0
+  for dep, workload, r_key, d_key, point in v4_summary.points(section):
+    bound = point['bound']['ratios']
+    for name in ('default', 'keyed_8', 'lpt', 'baseline', 'stateless'):
+      if name not in point:
+        continue
+      ratios = point[name].get('ratios', [point[name]['ratio']] * len(bound))
+      assert len(ratios) == len(bound), (dep, workload, r_key, d_key, name)
+      for mine, top in zip(ratios, bound):
+        assert top >= mine, (dep, workload, r_key, d_key, name)
+        checked += 1
+  assert checked > 1000
