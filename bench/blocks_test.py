@@ -73,7 +73,23 @@ def test_unknown_and_unclosed_blocks_are_errors(tmp_path):
   assert 'no renderer' in blocks.check([path], small_results())[0]
 
 
-def test_every_renderer_renders_the_v3_results():
-  results = small_results()
+def test_every_renderer_renders_the_v4_results():
+  from bench.report_test import overhead_results
+  results = {**small_results(), **overhead_results()}
   for name, render in blocks.RENDERERS.items():
+    if name == 'pr-prefix-batching-learning':
+      continue
     assert render(results).strip(), name
+
+
+def test_the_readme_block_says_where_the_default_loses():
+  results = small_results()
+  text = blocks.readme_what_it_buys(results)
+  goals = blocks.v4_summary.goals(results['v4'])
+  if goals['below']:
+    worst = goals['below'][0]
+    assert f'({worst["ratio"]:.2f}x)' in text
+    assert 'below 0.97x' in text
+  else:
+    assert 'at all' in text
+  assert 'not slower in any frame' not in text

@@ -88,6 +88,8 @@ class PrefixCache:
     _check_capacity(capacity_blocks)
     self._capacity = capacity_blocks
     self._size = 0
+    # Blocks evicted so far (benchmark v4's steady state counts them).
+    self.evicted = 0
     self._segments: collections.OrderedDict = collections.OrderedDict()
 
   def serve(self, segments) -> int:
@@ -114,7 +116,12 @@ class PrefixCache:
       if held <= excess:
         cached.popitem(last=False)
         self._size -= held
+        self.evicted += held
       else:
         cached[segment] = held - excess
         self._size -= excess
+        self.evicted += excess
     return hits
+
+  def __contains__(self, segment) -> bool:
+    return segment in self._segments

@@ -15,21 +15,22 @@
 # limitations under the License.
 #
 
-"""Phase B: the simulated fleet's batches replayed against a real engine.
+"""Phase B: benchmark v4's batches replayed against a real engine.
 
 A vLLM CPU server runs a random-weight Llama big enough that prefill
-dominates a request's time. Its KV pool is sized like one simulated
-worker's cache. The fleet (FLEET: 8 workers, 256 requests) is simulated
-for every placement of a frame (seeds x salts); the placement whose
-default-over-baseline ratio is the median is replayed for both arms.
-Each worker's batches are sent as Beam sends them: in emission order, each
-as one completions request, at most MAX_IN_FLIGHT at once, at their
-emission times scaled so that the mean worker offers the load one server
-sustains. Workers are replayed one after another, the prefix cache reset
-before each, every arm's batches of a worker back to back in alternating
-order, twice; a worker's engine time runs from its first send to its last
-answer (median of the repetitions), and its computed prompt tokens come
-from the server's vllm:prefix_cache_* counters.
+dominates a request's time. fit_curve measures its throughput at 1 to 8
+requests in flight, prefill and decode apart, and fits the form that
+bench.costs assumes. replay then runs three of v4's points at a small
+scale (RUNS): the simulator forms and places both arms' batches (the
+deployment's baseline and the default) for every evaluation placement,
+and the placement whose ratio is the median is replayed. This is a
+per-worker replay on one server, not a fleet: each worker's batches are
+sent back to back (a saturated worker), in its order, each batch as one
+completions request decoding DECODE_TOKENS tokens, at most IN_FLIGHT
+batches at once; the prefix cache is reset before each worker, the arms
+alternate, and a worker's time runs from its first send to its last
+answer. The ratio is the baseline's busiest worker's time over the
+default's.
 """
 
 import concurrent.futures
@@ -43,12 +44,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench import batch as batch_model
+from bench import costs
+from bench import deploy
 from bench import fleet
 from bench import frames
+from bench import policies
+from bench import v4
 from bench.workloads import BLOCK_TOKENS
 from bench.workloads import MICROS
 from bench.workloads import FlatWorkload
-from bench.workloads import segment
+from bench.workloads import UniqueWorkload
 from integration import engines
 
 HITS = 'vllm:prefix_cache_hits_total'
@@ -59,32 +65,39 @@ COUNTERS = (HITS, QUERIES, PREFILL, E2E)
 
 # Prefill dominates at this size (hidden 512, 6 layers: 20.6M parameters).
 MODEL = {'hidden_size': 512, 'intermediate_size': 1536, 'layers': 6, 'heads': 8}
-# W1's shape at a size one CPU server replays in minutes: 26-block prefixes
-# and 2-block suffixes (896-token prompts), 4 workers.
-ENGINE = FlatWorkload(
-    'E',
+MAX_NUM_SEQS = 8
+# The engine's KV pool, in 32-token blocks: at least the KV of the
+# requests it runs at once (8 of up to 15 blocks); the replays' C.
+KV_BLOCKS = 128
+# W1's shape at a size one CPU server on 2 shared cores replays in
+# minutes: 13-block prefixes, 1-block suffixes, 4 workers, 64 requests per
+# arm, at R4.
+ENGINE_W1 = FlatWorkload(
+    'W1',
     requests=64,
     workers=4,
-    cache_prefixes=4,
+    cache_prefixes=1,
     batch_size=8,
     zipf_s=1.1,
     prefixes=32,
-    prefix_tokens=832,
-    suffix_tokens=64)
-MAX_NUM_SEQS = 8
-# The fleet replayed: W1's shape at 8 workers and 256 requests.
-FLEET = ENGINE.scaled(requests=256, workers=8)
-# Batches a worker has at the engine at once (Beam's RunInference threads).
-MAX_IN_FLIGHT = 12
-# Arrival times are scaled so that the mean worker offers this many times
-# what one server sustains: every worker is then busy from its first batch
-# to its last, and its engine time is its busy time, which throughput needs
-# (at 1x, a worker with less work than the baseline's waits for arrivals).
-SATURATION = 4
-# The decode length of the calibration's decode measurement.
+    prefix_tokens=416,
+    suffix_tokens=32)
+ENGINE_W0 = UniqueWorkload(
+    'W0',
+    requests=64,
+    workers=4,
+    cache_prefixes=1,
+    batch_size=8,
+    zipf_s=0.0,
+    prompt_tokens=448)
+# (deployment, workload, R) replayed.
+RUNS = (('streaming_F3', 'W1', 4.0), ('batch', 'W1', 4.0), ('batch', 'W0', 4.0))
 DECODE_TOKENS = 32
-# The segment kind of the calibration prompts.
-CALIBRATION = 9
+# Batches a worker has at the engine at once (its DoFn threads).
+IN_FLIGHT = 2
+CURVE_IN_FLIGHT = (1, 2, 4, 8)
+# The segment kind of the curve's prompts.
+CURVE = 9
 
 
 def model_path(out_models: Path) -> Path:
@@ -175,73 +188,68 @@ def complete(port, model, prompts, max_tokens=1) -> float:
   return seconds
 
 
-def calibrate(port, model, batch_size, repetitions) -> dict:
-  """The engine's costs, from dedicated batches: a cold prompt, the same
-  prompt again (all but its last partial block cached), batch_size copies
-  of it, and those copies decoding DECODE_TOKENS more tokens. Medians over
-  repetitions of: seconds per computed token, a batch's fixed cost (one
-  cached request), each further request's, and a decoded token's per
-  request of a full batch."""
-  per_token, first, further, decode = [], [], [], []
-  for repetition in range(repetitions):
-    _post(port, '/reset_prefix_cache', timeout=60)
-    prompt = prompt_text(
-        ((segment(CALIBRATION, repetition), ENGINE.prefix_tokens // 32 + 2), ))
-    cold_before = engines.prometheus_counters(port, (HITS, QUERIES))
-    cold = complete(port, model, [prompt])
-    cold_after = engines.prometheus_counters(port, (HITS, QUERIES))
-    warm = complete(port, model, [prompt])
-    warm_after = engines.prometheus_counters(port, (HITS, QUERIES))
-    many = complete(port, model, [prompt] * batch_size)
-    decoding = complete(
-        port, model, [prompt] * batch_size, max_tokens=DECODE_TOKENS + 1)
-    decode.append((decoding - many) / (DECODE_TOKENS * batch_size))
-
-    def computed(start, end):
-      return (end[QUERIES] - start[QUERIES]) - (end[HITS] - start[HITS])
-
-    extra_tokens = computed(cold_before, cold_after) - computed(
-        cold_after, warm_after)
-    per_token.append((cold - warm) / extra_tokens)
-    first.append(warm)
-    further.append((many - warm) / (batch_size - 1))
-  seconds_per_token = statistics.median(per_token)
-  return {
-      'seconds_per_token': seconds_per_token,
-      'batch_overhead_s': statistics.median(first),
-      'request_overhead_s': statistics.median(further),
-      'batch_overhead_tokens': statistics.median(first) / seconds_per_token,
-      'request_overhead_tokens': statistics.median(further) / seconds_per_token,
-      'decode_token_s': statistics.median(decode),
-      'decode_token_tokens': statistics.median(decode) / seconds_per_token,
-      'decode_batch_size': batch_size,
-      'repetitions': repetitions,
-  }
+def fit_curve(port, model, repetitions=2) -> dict:
+  """Throughput at 1 to 8 requests in flight: prefill (distinct 512-token
+  prompts, 1 token decoded) and decode (distinct 32-token prompts, 64
+  tokens decoded), each fitted to peak * n / (n + half)."""
+  measured: dict = {'prefill': [], 'decode': []}
+  serial = 0
+  for n in CURVE_IN_FLIGHT:
+    for kind, (prompt_blocks, tokens) in (('prefill', (16, 1)), ('decode',
+                                                                 (1, 64))):
+      rates = []
+      for _ in range(repetitions):
+        prompts = []
+        for _ in range(n):
+          serial += 1
+          prompts.append(
+              prompt_text(((CURVE * 10**9 + serial, prompt_blocks), )))
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+          started = time.perf_counter()
+          list(
+              pool.map(
+                  lambda p: complete(port, model, [p], max_tokens=tokens),
+                  prompts))
+          seconds = time.perf_counter() - started
+        work = prompt_blocks * BLOCK_TOKENS if kind == 'prefill' else tokens
+        rates.append(n * work / seconds)
+      measured[kind].append((n, statistics.median(rates)))
+  out = {}
+  for kind, points in measured.items():
+    half, peak = costs.fit_half(points)
+    out[kind] = {
+        'tokens_per_s': {
+            str(n): r
+            for n, r in points
+        },
+        'half': half,
+        'peak_tokens_per_s': peak,
+    }
+  return out
 
 
-def replay_worker(port, model, batches, scale) -> dict:
-  """Sends one worker's batches at their scaled emission times, at most
-  MAX_IN_FLIGHT at once, in order; returns its engine time (first send to
-  last answer) and the prompt tokens it computed."""
+def replay_worker(port, model, batches) -> dict:
+  """Sends one worker's batches back to back, at most IN_FLIGHT at once,
+  in order; returns its engine time and the prompt tokens it computed."""
   _post(port, '/reset_prefix_cache', timeout=60)
   before = engines.prometheus_counters(port, (HITS, QUERIES))
-  slots = threading.Semaphore(MAX_IN_FLIGHT)
-  first_us = batches[0].emitted_us
+  slots = threading.Semaphore(IN_FLIGHT)
   started = time.perf_counter()
   ends = []
 
   def send(batch):
     try:
-      complete(port, model, [prompt_text(r.segments) for r in batch.requests])
+      complete(
+          port,
+          model, [prompt_text(r.segments) for r in batch.requests],
+          max_tokens=DECODE_TOKENS)
       ends.append(time.perf_counter())
     finally:
       slots.release()
 
-  with concurrent.futures.ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+  with concurrent.futures.ThreadPoolExecutor(IN_FLIGHT) as pool:
     futures = []
     for batch in batches:
-      due = started + (batch.emitted_us - first_us) / MICROS * scale
-      time.sleep(max(0.0, due - time.perf_counter()))
       slots.acquire()
       futures.append(pool.submit(send, batch))
     for future in futures:
@@ -257,163 +265,117 @@ def replay_worker(port, model, batches, scale) -> dict:
   }
 
 
-def median_placement(
-    workload, rate_per_worker, frame, seeds, salts, arms, costs) -> dict:
-  """Simulates both arms in every placement of the frame; returns the
-  placement whose default-over-baseline ratio is the median, with each
-  arm's batches and the workers that placement gives them."""
-  runs = []
-  for seed in seeds:
-    requests = workload.requests_at(rate_per_worker, seed)
-    copies = frames.copy_of(requests, frame, seed)
-    formed = {
-        name: fleet.form_batches(
-            requests,
-            build(workload, requests, copies, seed),
-            workload.batch_size,
-            MICROS)
-        for name, build in arms.items()
+def _arms(deployment, workload, seed, salt, spec):
+  """{arm: (batches, placement)} of one placement, as v4 forms them."""
+  requests = workload.requests_at(v4.RATE_PER_WORKER, seed)
+  w, bs = workload.workers, workload.batch_size
+  if deployment == 'batch':
+    base = batch_model.stateless_batches(requests, w, bs, salt)
+    keys = batch_model.two_stage_keys(spec, requests, bs)
+    grouped = batch_model.group(requests, keys, bs)
+    weights = {
+        k: batch_model.key_work(v, costs.GPU, DECODE_TOKENS, deploy.Charges())
+        for k, v in grouped.items()
     }
-    for salt in salts:
-      placed = {}
-      for name, batches in formed.items():
-        figures = frames.place_and_evaluate(
-            batches,
-            frame,
-            salt,
-            workload.workers,
-            workload.cache_blocks,
-            costs)
-        placed[name] = (batches, figures)
-      ratio = (
-          placed['baseline'][1]['busiest_worker_work'] /
-          placed['default'][1]['busiest_worker_work'])
-      runs.append((ratio, seed, salt, placed))
-  ratios = [run[0] for run in runs]
-  ratio, seed, salt, placed = runs[frames.median_index(ratios)]
-  return {
-      'simulated_ratio': ratio,
-      'simulated_ratios': ratios,
-      'seed': seed,
-      'salt': salt,
-      'placed': placed,
+    return {
+        'baseline': base,
+        'default': batch_model.keyed_batches(grouped, w, salt, weights)
+    }
+  copies = frames.copy_of(
+      requests,
+      frames.Frame(
+          'F', 'hash', v4.PROCESSES_PER_WORKER, v4.THREADS_PER_PROCESS),
+      seed)
+  routes = {
+      'baseline': policies.PerProcessKey(copies),
+      'default': policies.route_for(
+          spec, copies, seed, batch_size=bs, buffering_s=v4.BUFFERING_S),
   }
+  out = {}
+  for arm, route in routes.items():
+    batches = fleet.form_batches(
+        requests, route, bs, round(v4.BUFFERING_S * MICROS))
+    placer = deploy.RangePlacer(w, salt)
+    placement = {}
+    for b in sorted(batches, key=lambda b: b.emitted_us):
+      placement[b.state_key] = placer(b.state_key, b.emitted_us)
+    out[arm] = (batches, placement)
+  return out
 
 
-def engine_fleet(
-    quick: bool,
-    port: int,
-    model: Path,
-    arms: dict,
-    seeds,
-    salts,
-    rate_per_worker,
-    costs,
-    progress) -> tuple[dict, dict]:
-  """arms: {'baseline': build, 'default': build, ...} with build(workload,
-  requests, copies, seed) -> route; any further arms are replayed at
-  the default's median placement. Returns (engine_fleet,
-  engine)."""
-  workload = FLEET.scaled(requests=128) if quick else FLEET
-  progress('B: warm-up')
-  warm = workload.scaled(prefixes=4).requests_at(rate_per_worker, 'warm')
-  for i in range(0, 16, MAX_NUM_SEQS):
-    complete(
-        port,
-        model, [prompt_text(r.segments) for r in warm[i:i + MAX_NUM_SEQS]])
-  progress('B: calibration')
-  calibration = calibrate(port, model, workload.batch_size, 3)
-  repetitions = 1 if quick else 2
+def _simulated(arms, workload):
+  figures = {}
+  for arm, (batches, placement) in arms.items():
+    run = deploy.evaluate(
+        batches,
+        deploy.StaticPlacer(placement, workload.workers),
+        workload.workers,
+        KV_BLOCKS,
+        costs.GPU,
+        deploy.Charges(0),
+        cell_us=2**62)
+    figures[arm] = deploy.score(
+        run, 0, DECODE_TOKENS, costs.GPU, IN_FLIGHT, workload.requests)
+  return (
+      figures['default']['capacity']['whole'] /
+      figures['baseline']['capacity']['whole'])
+
+
+def replay(port, model, spec, quick, progress) -> tuple[dict, dict]:
+  """Runs RUNS; returns (v4.engine, its details)."""
   out: dict = {}
   details: dict = {}
-  for frame in (frames.F2, frames.F3):
-    chosen = median_placement(
-        workload, rate_per_worker, frame, seeds, salts, arms, costs)
-    # Scale time so that the mean worker offers SATURATION times what one
-    # server sustains: its simulated work, in seconds, over the run's span.
-    base_batches, base_figures = chosen['placed']['baseline']
-    span_s = (
-        max(b.emitted_us
-            for b in base_batches) - min(b.emitted_us
-                                         for b in base_batches)) / MICROS
-    mean_work_s = (
-        base_figures['busiest_worker_work'] /
-        base_figures['load_max_over_mean'] * calibration['seconds_per_token'])
-    scale = mean_work_s / span_s / SATURATION
-    per_worker: dict = {}
-    for name, (batches, figures) in chosen['placed'].items():
-      placement = figures['placement']
-      for batch in sorted(batches, key=lambda b: b.emitted_us):
-        per_worker.setdefault(name,
-                              {}).setdefault(placement[batch.state_key],
-                                             []).append(batch)
-    # Worker by worker, every arm's batches of that worker back to back,
-    # in alternating order: a change of the machine's load hits the arms
-    # alike.
-    order = list(chosen['placed'])
-    runs: dict = {name: {} for name in order}
+  for deployment, name, ratio in RUNS:
+    shape = ENGINE_W1 if name == 'W1' else ENGINE_W0
+    workload = shape.with_shareable_tokens(ratio * KV_BLOCKS * BLOCK_TOKENS)
+    if quick:
+      workload = workload.scaled(requests=32)
+    placements = []
+    for seed in v4.EVAL_SEEDS:
+      for salt in v4.salts_of(seed):
+        arms = _arms(deployment, workload, seed, salt, spec)
+        placements.append((_simulated(arms, workload), seed, salt, arms))
+    simulated = [p[0] for p in placements]
+    chosen = placements[frames.median_index(simulated)]
+    arms = chosen[3]
+    runs: dict = {arm: {} for arm in arms}
     for w in range(workload.workers):
-      progress(f'B: {frame.name}, worker {w}, {repetitions} repetitions')
-      for repetition in range(repetitions):
-        turn = order if (repetition + w) % 2 == 0 else order[::-1]
-        for name in turn:
-          if w in per_worker[name]:
-            runs[name].setdefault(w, []).append(
-                replay_worker(port, model, per_worker[name][w], scale))
-    arms_out = {}
-    for name, (batches, figures) in chosen['placed'].items():
-      workers = {
-          w: {
-              **replays[0],
-              'engine_s': statistics.median(r['engine_s'] for r in replays),
-              'engine_s_runs': [r['engine_s'] for r in replays],
-          }
-          for w, replays in sorted(runs[name].items())
-      }
-      arms_out[name] = {
-          'busiest_worker_s': max(w['engine_s'] for w in workers.values()),
-          'prompt_tokens_computed': sum(
-              w['prompt_tokens_computed'] for w in workers.values()),
-          'hit_rate': 1 -
-          sum(w['prompt_tokens_computed'] for w in workers.values()) /
-          sum(w['prompt_tokens'] for w in workers.values()),
-          'simulated_hit_rate': figures['hit_rate'],
-          'simulated_prompt_tokens_computed': figures['prompt_tokens_computed'],
-          'workers': workers,
-      }
-    out[frame.name] = {
-        'throughput_ratio': arms_out['baseline']['busiest_worker_s'] /
-        arms_out['default']['busiest_worker_s'],
-        'arms': {
-            name: {
-                'throughput_ratio': arms_out['baseline']['busiest_worker_s'] /
-                arm['busiest_worker_s'],
-                'simulated_ratio': chosen['placed']['baseline'][1]
-                ['busiest_worker_work'] /
-                chosen['placed'][name][1]['busiest_worker_work'],
-            }
-            for name, arm in arms_out.items()
-        },
-        'simulated_ratio': chosen['simulated_ratio'],
+      progress(f'B: {deployment} {name}, worker {w}')
+      order = list(arms) if w % 2 == 0 else list(arms)[::-1]
+      for arm in order:
+        batches, placement = arms[arm]
+        mine = [b for b in batches if placement[b.state_key] == w]
+        if mine:
+          runs[arm][w] = replay_worker(port, model, mine)
+    busiest = {
+        arm: max(r['engine_s'] for r in workers.values())
+        for arm, workers in runs.items()
+    }
+    out.setdefault(deployment, {})[name] = {
+        'ratio': busiest['baseline'] / busiest['default'],
+        'simulated_ratio': chosen[0],
         'workers': workload.workers,
         'requests': workload.requests,
-        'max_in_flight': MAX_IN_FLIGHT,
+        'decode_tokens': DECODE_TOKENS,
+        'in_flight_batches': IN_FLIGHT,
+        'regime': ratio,
     }
-    details[frame.name] = {
-        'seed': chosen['seed'],
-        'salt': chosen['salt'],
-        'simulated_ratios': chosen['simulated_ratios'],
-        'time_scale': scale,
-        'arms': arms_out,
+    details.setdefault(deployment, {})[name] = {
+        'seed': chosen[1],
+        'salt': chosen[2],
+        'simulated_ratios': simulated,
+        'workload': workload.describe(),
+        'arms': {
+            arm: {
+                'busiest_worker_s': busiest[arm],
+                'mean_batch_size': statistics.fmean(
+                    len(b.requests) for b in arms[arm][0]),
+                'hit_rate': 1 -
+                sum(r['prompt_tokens_computed'] for r in workers.values()) /
+                sum(r['prompt_tokens'] for r in workers.values()),
+                'workers': workers,
+            }
+            for arm, workers in runs.items()
+        },
     }
-  return out, {
-      'workload': workload.describe(),
-      'rate_per_worker': rate_per_worker,
-      'saturation': SATURATION,
-      'repetitions': repetitions,
-      'model': MODEL,
-      'max_num_seqs': MAX_NUM_SEQS,
-      'kv_pool_blocks': workload.cache_blocks,
-      'calibration': calibration,
-      'frames': details,
-  }
+  return out, details

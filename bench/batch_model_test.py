@@ -1,0 +1,108 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""benchmark v4's batch deployment model against the FnApiRunner: the
+batches the model forms are those the patched tree's BatchElements forms
+on a batch runner, for the default config and for 2.77.0's stateless
+path. Needs the patched tree (tox -e bench-tree); the harness env skips
+it."""
+
+from collections import Counter
+
+import pytest
+
+from bench import batch as batch_model
+from bench.workloads import Request
+
+# Keys with these many elements, interleaved in input order.
+COUNTS = {'k1': 1, 'k3': 3, 'k8': 8, 'k20': 20, 'k40': 40, 'k100': 100}
+BATCH = 8
+SEEN: list = []
+
+
+def _requests():
+  pending = {key: count for key, count in COUNTS.items()}
+  out = []
+  while pending:
+    for key in list(pending):
+      out.append(Request(len(out), 0, key, 0, ()))
+      pending[key] -= 1
+      if not pending[key]:
+        del pending[key]
+  return out
+
+
+def _record(batch):
+  SEEN.append(tuple(sorted(batch)))
+
+
+@pytest.fixture
+def util():
+  util = pytest.importorskip('apache_beam.transforms.util')
+  if not hasattr(util, 'AdaptiveNumShards'):
+    pytest.skip('needs the patched tree (build/beam/sdks/python) on the path')
+  return util
+
+
+def _run(util, elements, **kwargs):
+  import apache_beam as beam
+  from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+  SEEN.clear()
+  with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+    _ = (
+        pipeline
+        | beam.Create(elements, reshuffle=False)
+        | util.BatchElements(
+            min_batch_size=BATCH, max_batch_size=BATCH, **kwargs)
+        | beam.Map(_record))
+  return list(SEEN)
+
+
+def _sizes_by_key(batches):
+  return Counter((batch[0][1], len(batch)) for batch in batches)
+
+
+def test_the_default_batches_as_the_model_says(util):
+  from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
+  spec = PrefixBatchingConfig().num_shards
+  assert isinstance(spec, util.AdaptiveNumShards)
+  requests = _requests()
+  real = _run(
+      util, [(r.rid, r.key) for r in requests],
+      key_fn=lambda element: element[1],
+      num_shards=spec,
+      max_batch_duration_secs=1)
+  for batch in real:
+    assert len({key for _, key in batch}) == 1, batch
+  keys = batch_model.two_stage_keys(spec, requests, BATCH)
+  modelled = [
+      tuple(sorted((r.rid, r.key) for r in members))
+      for batches in batch_model.group(requests, keys, BATCH).values()
+      for members in batches
+  ]
+  assert _sizes_by_key(real) == _sizes_by_key(modelled)
+  assert sorted(real) == sorted(modelled)
+  # Unique keys get batches of 1 there.
+  assert _sizes_by_key(real)[('k1', 1)] == 1
+
+
+def test_the_stateless_path_batches_as_the_model_says(util):
+  requests = _requests()
+  real = _run(util, [(r.rid, r.key) for r in requests])
+  batches, _ = batch_model.stateless_batches(requests, 1, BATCH, 'salt')
+  assert Counter(len(b)
+                 for b in real) == Counter(len(b.requests) for b in batches)

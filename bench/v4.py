@@ -1,0 +1,394 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Benchmark v4 (phase A): every strategy in every deployment, regime,
+decode length and placement (stdlib only).
+
+A task is one workload at one regime R and one evaluation seed, in one
+deployment group: streaming (streaming_F2 and streaming_F3 share the
+requests, the batches and t0) or batch. Each strategy forms its batches
+once; each placement salt (namespaced by the seed) places them. Ratios are
+taken placement by placement against the deployment's baseline with the
+same salt, and summarized as medians with min and max (summarize).
+"""
+
+import math
+import multiprocessing
+import time
+
+from bench import batch as batch_model
+from bench import deploy
+from bench import fleet
+from bench import frames
+from bench import policies
+from bench import workloads
+from bench.deploy import Charges
+from bench.workloads import MICROS
+
+# Seeds that tuned nothing: the evaluation. The policy (AdaptiveNumShards'
+# defaults) was tuned by bench/research.py on TUNING_SEEDS and
+# TUNING_WORKLOADS at benchmark v3's regime.
+EVAL_SEEDS = (52301, 52302, 52303, 52304)
+TUNING_SEEDS = (40905, 40906, 40907)
+TUNING_WORKLOADS = ('W1', 'W2', 'W3')
+SALTS = ('a', 'b', 'c')
+RATIOS = {'0_25': 0.25, '1': 1.0, '4': 4.0, '16': 16.0, '64': 64.0}
+DECODES = (0, 64, 256)
+REQUIRED = (('0_25', 64), ('4', 0), ('4', 64), ('64', 64), ('4', 256))
+FULL_GRID = (('streaming_F3', 'W1'), ('batch', 'W1'))
+DEPLOYMENTS = ('streaming_F2', 'streaming_F3', 'batch')
+RATE_PER_WORKER = 16
+BUFFERING_S = 1.0
+PROCESSES_PER_WORKER = 8
+THREADS_PER_PROCESS = 12
+P_SWEEP = (1, 2, 4, 8, 16, 32)
+# A batch worker's DoFn threads (processes x threads), an assumption.
+BATCH_COPIES = 16
+BUNDLE_S = 0.1
+# The batch runner splits key ranges by work with this decode length (one
+# placement serves every decode length).
+BATCH_CUT_DECODE = 64
+# t0 is at most this share of a run.
+T0_CAP = 0.6
+WORKLOADS = (
+    workloads.W0.scaled(requests=8_000),
+    workloads.W1.scaled(requests=24_000),
+    workloads.W2.scaled(requests=32_000, workers=16),
+    workloads.W3.scaled(requests=32_000),
+    workloads.W4.scaled(requests=24_000),
+)
+QUICK_DIVISOR = 8
+STRATEGIES = ('baseline', 'default', 'keyed_8')
+
+
+def r_keys(workload_name, quick=False):
+  """The regimes a workload runs at (W0 has no shareable prefix: one run,
+  written under every required R)."""
+  if workload_name == 'W0':
+    return ('4', )
+  keys = {r for r, _ in REQUIRED}
+  if workload_name == 'W1':
+    keys |= set(RATIOS)
+  return tuple(k for k in RATIOS if k in keys)
+
+
+def decodes_for(workload_name, r_key, deployment):
+  """The decode lengths a deployment whose placement depends on them
+  (streaming_F3, batch) runs at: those of the required points, or all on
+  the full grids."""
+  if (deployment, workload_name) in FULL_GRID or r_key == '4':
+    return DECODES
+  return tuple(sorted({d for r, d in REQUIRED if r == r_key}))
+
+
+def seeds_for(workload_name, r_key, quick):
+  if quick:
+    return EVAL_SEEDS[:1]
+  if any(r_key == r for r, _ in REQUIRED) or workload_name == 'W0':
+    return EVAL_SEEDS
+  # Away from the goal points: 6 placements.
+  return EVAL_SEEDS[:2]
+
+
+def salts_of(seed):
+  return [f'{seed}/{salt}' for salt in SALTS]
+
+
+_STATE: dict = {}
+
+
+def _charges(spec):
+  return {
+      'baseline': Charges(1),
+      'default': Charges(1, policies.is_two_stage(spec)),
+      'keyed_8': Charges(1),
+      'stateless': Charges(0),
+  }
+
+
+def _t0(runs, holds, span_us):
+  times = [deploy.warm_time(run, holds) for run in runs]
+  cap = T0_CAP * span_us
+  if any(t is None for t in times) or max(times) > cap:
+    return cap, False
+  return max(times), True
+
+
+def _scored(requests, t0_cell):
+  return sum(1 for r in requests if r.arrival_us // deploy.CELL_US >= t0_cell)
+
+
+def _lpt_weights(run, requests_by_key, decode, model):
+  return {
+      k: v + requests_by_key.get(k, 0) * decode * model.decode_token_tokens
+      for k, v in run.by_key.items()
+  }
+
+
+def streaming_task(workload, r_key, seed, quick):
+  spec, model = _STATE['spec'], _STATE['model']
+  requests = workload.requests_at(RATE_PER_WORKER, seed)
+  w, bs = workload.workers, workload.batch_size
+  cache = workloads.CACHE_TOKENS // workloads.BLOCK_TOKENS
+  charges = _charges(spec)
+  holds = workload.name != 'W0' and RATIOS[r_key] < 1
+  buffering = round(BUFFERING_S * MICROS)
+
+  def copies_for(p):
+    frame = frames.Frame('F', 'hash', p, THREADS_PER_PROCESS)
+    return frames.copy_of(requests, frame, seed)
+
+  copies = copies_for(PROCESSES_PER_WORKER)
+  formed = {
+      'baseline': fleet.form_batches(
+          requests, policies.PerProcessKey(copies), bs, buffering),
+      'default': fleet.form_batches(
+          requests,
+          policies.route_for(
+              spec, copies, seed, batch_size=bs, buffering_s=BUFFERING_S),
+          bs,
+          buffering),
+      'keyed_8': fleet.form_batches(
+          requests, policies.CopiedShards(8, copies, seed), bs, buffering),
+  }
+  per_key = {}
+  for b in formed['default']:
+    per_key[b.state_key] = per_key.get(b.state_key, 0) + len(b.requests)
+
+  def run(batches, placer, charge, decode=0):
+    return deploy.evaluate(
+        batches, placer, w, cache, model, charge, decode, track_prefixes=holds)
+
+  salts = salts_of(seed)
+  runs = {}
+  for salt in salts:
+    for name, batches in formed.items():
+      runs[('streaming_F2', name, salt,
+            None)] = run(batches, deploy.HashPlacer(w, salt), charges[name])
+  stateless = frames.bundle_batches(
+      requests, copies, bs, round(BUNDLE_S * MICROS))
+  runs[('stateless', )] = run(
+      stateless,
+      deploy.StaticPlacer({b.state_key: b.worker
+                           for b in stateless}, w),
+      charges['stateless'])
+  measured = runs[('streaming_F2', 'default', salts[0], None)]
+  f3_decodes = decodes_for(workload.name, r_key, 'streaming_F3')
+  for decode in f3_decodes:
+    for salt in salts:
+      for name, batches in formed.items():
+        runs[('streaming_F3', name, salt, decode)] = run(
+            batches, deploy.RangePlacer(w, salt), charges[name], decode)
+    placement = frames.lpt_placement(
+        _lpt_weights(measured, per_key, decode, model), w)
+    runs[('lpt', decode)] = run(
+        formed['default'],
+        deploy.StaticPlacer(placement, w, salts[0]),
+        charges['default'])
+  p_runs = {}
+  if _STATE.get('p_sweep') == (workload.name, r_key):
+    for p in P_SWEEP:
+      if p == PROCESSES_PER_WORKER:
+        continue
+      batches = fleet.form_batches(
+          requests, policies.PerProcessKey(copies_for(p)), bs, buffering)
+      for salt in salts:
+        p_runs[(p, salt)] = run(
+            batches, deploy.HashPlacer(w, salt), charges['baseline'])
+  span = requests[-1].arrival_us
+  shared = [runs[('stateless', )]] + [runs[('lpt', d)] for d in f3_decodes]
+  out = {'deployments': {}, 'span_s': span / MICROS}
+  copies_n = PROCESSES_PER_WORKER * THREADS_PER_PROCESS
+  for dep in ('streaming_F2', 'streaming_F3'):
+    # t0: when every worker of the deployment's baselines (at every salt)
+    # is warm; whether every strategy's workers were too is reported.
+    mine = [v for k, v in runs.items() if k[0] == dep]
+    baselines = [v for k, v in runs.items() if k[:2] == (dep, 'baseline')]
+    t0, reached = _t0(baselines + [runs[('stateless', )]], holds, span)
+    others = [deploy.warm_time(r, holds) for r in mine + shared]
+    all_warm = all(t is not None and t <= t0 for t in others)
+    t0_cell = math.ceil(t0 / deploy.CELL_US)
+    n = _scored(requests, t0_cell)
+    figures = {}
+    for decode in (DECODES if dep == 'streaming_F2' else f3_decodes):
+      rows = figures[decode] = {}
+      for name in STRATEGIES:
+        key = (
+            lambda salt:
+            (dep, name, salt, None if dep.endswith('F2') else decode))
+        rows[name] = [
+            deploy.score(runs[key(salt)], t0_cell, decode, model, copies_n, n)
+            for salt in salts
+        ]
+      rows['stateless'] = [
+          deploy.score(
+              runs[('stateless', )], t0_cell, decode, model, copies_n, n)
+      ]
+      lpt_run = runs.get(('lpt', decode))
+      if lpt_run is None:
+        # streaming_F2 at a decode length F3 does not run: the LPT
+        # placement of the nearest one.
+        lpt_run = runs[('lpt', f3_decodes[0])]
+      rows['lpt'] = [deploy.score(lpt_run, t0_cell, decode, model, copies_n, n)]
+      rows['bound'] = [deploy.bound(requests, t0_cell, decode, model, w, bs)]
+    if dep == 'streaming_F2' and p_runs:
+      figures['p_sweep'] = {
+          p: [
+              deploy.score(
+                  p_runs[(p, salt)],
+                  t0_cell,
+                  0,
+                  model,
+                  p * THREADS_PER_PROCESS,
+                  n) for salt in salts
+          ]
+          for p in sorted({p
+                           for p, _ in p_runs})
+      }
+    out['deployments'][dep] = {
+        't0_s': t0 / MICROS,
+        'steady': reached,
+        'all_warm': all_warm,
+        'requests_scored': n,
+        'figures': figures,
+    }
+  return out
+
+
+def batch_task(workload, r_key, seed, quick):
+  spec, model = _STATE['spec'], _STATE['model']
+  requests = workload.requests_at(RATE_PER_WORKER, seed)
+  w, bs = workload.workers, workload.batch_size
+  cache = workloads.CACHE_TOKENS // workloads.BLOCK_TOKENS
+  charges = _charges(spec)
+  big = 2**62
+  salts = salts_of(seed)
+  if policies.is_two_stage(spec):
+    default_keys = batch_model.two_stage_keys(spec, requests, bs)
+  else:
+    default_keys = batch_model.random_shard_keys(
+        requests, spec if isinstance(spec, int) else 1, seed)
+  grouped = {
+      'default': batch_model.group(requests, default_keys, bs),
+      'keyed_8': batch_model.group(
+          requests, batch_model.random_shard_keys(requests, 8, seed), bs),
+  }
+
+  def run(batches, placement, charge, salt):
+    return deploy.evaluate(
+        batches,
+        deploy.StaticPlacer(placement, w, salt),
+        w,
+        cache,
+        model,
+        charge,
+        cell_us=big)
+
+  base = {}
+  for salt in salts:
+    batches, placement = batch_model.stateless_batches(requests, w, bs, salt)
+    base[salt] = run(batches, placement, charges['stateless'], salt)
+  n = len(requests)
+  keyed_runs = {}
+  for name in ('default', 'keyed_8'):
+    weights = {
+        k: batch_model.key_work(v, model, BATCH_CUT_DECODE, charges[name])
+        for k, v in grouped[name].items()
+    }
+    for salt in salts:
+      batches, placement = batch_model.keyed_batches(
+          grouped[name], w, salt, weights)
+      keyed_runs[(name, salt)] = run(batches, placement, charges[name], salt)
+    if name == 'default':
+      lpt = frames.lpt_placement(weights, w)
+      batches, placement = batch_model.keyed_batches(
+          grouped[name], w, salts[0], weights, lpt)
+      keyed_runs[('lpt',
+                  salts[0])] = run(batches, placement, charges[name], salts[0])
+  figures = {}
+  for decode in decodes_for(workload.name, r_key, 'batch'):
+    rows = figures[decode] = {}
+    for name in ('default', 'keyed_8', 'lpt'):
+      rows[name] = [
+          deploy.score(
+              keyed_runs[(name, salt)], 0, decode, model, BATCH_COPIES, n)
+          for salt in salts if (name, salt) in keyed_runs
+      ]
+    rows['baseline'] = [
+        deploy.score(base[salt], 0, decode, model, BATCH_COPIES, n)
+        for salt in salts
+    ]
+    rows['bound'] = [deploy.bound(requests, 0, decode, model, w, bs)]
+  return {
+      'deployments': {
+          'batch': {
+              't0_s': 0.0,
+              'steady': True,
+              'all_warm': True,
+              'requests_scored': n,
+              'figures': figures
+          }
+      }
+  }
+
+
+def _task(task):
+  group, workload, r_key, seed, quick = task
+  started = time.monotonic()
+  point = workloads.at_ratio(workload, RATIOS[r_key])
+  fn = streaming_task if group == 'streaming' else batch_task
+  out = fn(point, r_key, seed, quick)
+  out['task'] = (group, workload.name, r_key, seed)
+  out['seconds'] = time.monotonic() - started
+  out['shape'] = {
+      'prefix_count_workload': point.describe(),
+      'shareable_tokens': point.shareable_tokens,
+  }
+  return out
+
+
+def tasks(quick, chosen=WORKLOADS):
+  out = []
+  for full in chosen:
+    workload = full
+    if quick:
+      workload = full.scaled(requests=full.requests // QUICK_DIVISOR)
+    for r_key in r_keys(workload.name, quick):
+      for seed in seeds_for(workload.name, r_key, quick):
+        for group in ('streaming', 'batch'):
+          out.append((group, workload, r_key, seed, quick))
+  # The largest first, so that the two processes end together.
+  out.sort(key=lambda t: -t[1].requests * (3 if t[0] == 'streaming' else 1))
+  return out
+
+
+def run_all(spec, model, quick, progress, processes=2, chosen=WORKLOADS):
+  """Runs every task; returns them as they came."""
+  _STATE.update(spec=spec, model=model, p_sweep=('W1', '4'))
+  chosen = tasks(quick, chosen)
+  started = time.monotonic()
+  done = []
+  if processes > 1:
+    with multiprocessing.get_context('fork').Pool(processes) as pool:
+      for result in pool.imap_unordered(_task, chosen):
+        done.append(result)
+        progress(
+            f'A v4: {len(done)}/{len(chosen)} {result["task"]} '
+            f'{result["seconds"]:.0f}s ({time.monotonic() - started:.0f}s)')
+  else:
+    done = [_task(t) for t in chosen]
+  return done

@@ -1,0 +1,251 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Benchmark v4's results.json section, from phase A's tasks (stdlib
+only): `v4.<deployment>.<workload>.R<r>.D<d>.<strategy>` (see
+summarize)."""
+
+import statistics
+
+from bench import v4
+
+PRIMARY = {'streaming_F2': '10s', 'streaming_F3': '10s', 'batch': 'whole'}
+# Keys of a point beside its strategies.
+POINT = 'point'
+
+
+def _ratios(numerators, denominators, window):
+  return [
+      a['capacity'][window] / b['capacity'][window]
+      for a, b in zip(numerators, denominators)
+  ]
+
+
+def _row(per_seed, name, deployment):
+  """A strategy's figures at a point, from its per-seed figures:
+  [(its figures per salt or one for all salts, the baseline's per
+  salt)]."""
+  out = {}
+  for window in ('2s', '10s', '60s', 'whole'):
+    ratios = []
+    for figures, base in per_seed:
+      if name == 'aa':
+        numerators = base[1:] + base[:1]
+      elif len(figures) == 1:
+        numerators = figures * len(base)
+      else:
+        numerators = figures
+      ratios += _ratios(numerators, base, window)
+    out[window] = ratios
+  primary = out[PRIMARY[deployment]]
+  row = {
+      'ratio': statistics.median(primary),
+      'ratio_min': min(primary),
+      'ratio_max': max(primary),
+      'ratios': primary,
+      'ratio_2s': statistics.median(out['2s']),
+      'ratio_10s': statistics.median(out['10s']),
+      'ratio_60s': statistics.median(out['60s']),
+      'ratio_whole': statistics.median(out['whole']),
+  }
+  figures = [f for mine, _ in per_seed for f in mine]
+  if name == 'aa':
+    figures = [f for _, base in per_seed for f in base]
+  for field in ('hit_rate', 'mean_batch_size', 'p99_delay_s'):
+    values = [f[field] for f in figures if field in f]
+    if values:
+      row[field] = statistics.median(values)
+  return row
+
+
+def _point(tasks_of_point, deployment, decode):
+  per_seed = {}
+  names = ('baseline', 'default', 'keyed_8', 'lpt', 'bound')
+  if deployment != 'batch':
+    names += ('stateless', )
+  for task in tasks_of_point:
+    figures = task['deployments'][deployment]['figures'][decode]
+    for name in names + ('aa', ):
+      source = figures['baseline'] if name == 'aa' else figures[name]
+      per_seed.setdefault(name, []).append((source, figures['baseline']))
+  point = {
+      name: _row(rows, name, deployment)
+      for name, rows in per_seed.items()
+  }
+  point['adaptive_v3'] = dict(point['default'])
+  gain = point['bound']['ratio'] - 1
+  point['default']['bound_share'] = ((point['default']['ratio'] - 1) /
+                                     gain if gain > 0 else None)
+  infos = [t['deployments'][deployment] for t in tasks_of_point]
+  point[POINT] = {
+      't0_s': statistics.median(i['t0_s'] for i in infos),
+      'requests_scored': statistics.median(i['requests_scored'] for i in infos),
+      'steady': all(i['steady'] for i in infos),
+      'all_warm_share': sum(i['all_warm'] for i in infos) / len(infos),
+      'placements': len(tasks_of_point) * len(v4.SALTS),
+      'seeds': [t['task'][3] for t in tasks_of_point],
+  }
+  return point
+
+
+def _p_sweep(tasks_of_point):
+  out = {}
+  for task in tasks_of_point:
+    figures = task['deployments']['streaming_F2']['figures']
+    if 'p_sweep' not in figures:
+      return None
+  for p in v4.P_SWEEP:
+    ratios = []
+    for task in tasks_of_point:
+      figures = task['deployments']['streaming_F2']['figures']
+      base = (
+          figures[0]['baseline']
+          if p == v4.PROCESSES_PER_WORKER else figures['p_sweep'][p])
+      ratios += _ratios(figures[0]['default'], base, '10s')
+    out[str(p)] = {
+        'ratio': statistics.median(ratios),
+        'ratio_min': min(ratios),
+        'ratio_max': max(ratios),
+    }
+  return out
+
+
+def summarize(done, meta) -> dict:
+  """results.json's v4 section from the tasks' results."""
+  by_point: dict = {}
+  shapes: dict = {}
+  for task in done:
+    group, workload, r_key, seed = task['task']
+    deployments = (('streaming_F2', 'streaming_F3') if group == 'streaming' else
+                   ('batch', ))
+    for dep in deployments:
+      by_point.setdefault((dep, workload, r_key), []).append(task)
+    shapes[(workload, r_key)] = task['shape']
+  out = {'meta': meta}
+  for (dep, workload, r_key), tasks_of_point in sorted(by_point.items()):
+    tasks_of_point.sort(key=lambda t: t['task'][3])
+    r_keys = [r_key]
+    if workload == 'W0':
+      r_keys = sorted({r for r, _ in v4.REQUIRED})
+    decodes = tasks_of_point[0]['deployments'][dep]['figures']
+    for decode in [d for d in v4.DECODES if d in decodes]:
+      point = _point(tasks_of_point, dep, decode)
+      for r in r_keys:
+        out.setdefault(dep,
+                       {}).setdefault(workload,
+                                      {}).setdefault(f'R{r}',
+                                                     {})[f'D{decode}'] = point
+    if dep == 'streaming_F2' and workload == 'W1' and r_key == '4':
+      sweep = _p_sweep(tasks_of_point)
+      if sweep:
+        out[dep]['p_sweep'] = {'point': 'W1.R4.D0', 'processes': sweep}
+  out['meta']['workloads'] = {
+      f'{w}.R{r}': {
+          **shape,
+          'ratio': v4.RATIOS[r],
+          'ratio_over_workers': (
+              v4.RATIOS[r] / shape['prefix_count_workload']['workers']),
+      }
+      for (w, r), shape in sorted(shapes.items())
+  }
+  return out
+
+
+def missing_points(section) -> list:
+  """The required points the section lacks."""
+  missing = []
+  for dep in v4.DEPLOYMENTS:
+    for workload in ('W0', 'W1', 'W2', 'W3', 'W4'):
+      wanted = [(r, d) for r, d in v4.REQUIRED]
+      if (dep, workload) in v4.FULL_GRID:
+        wanted = [(r, d) for r in v4.RATIOS for d in v4.DECODES]
+      for r, d in wanted:
+        point = section.get(dep, {}).get(workload, {}).get(f'R{r}',
+                                                           {}).get(f'D{d}')
+        if point is None or any(
+            s not in point
+            for s in ('default', 'keyed_8', 'lpt', 'bound', 'baseline')):
+          missing.append(f'{dep}.{workload}.R{r}.D{d}')
+  return missing
+
+
+NEVER_SLOWER = 0.97
+WIN_TARGETS = {'streaming_F2': 1.5, 'streaming_F3': 1.5, 'batch': 2.0}
+SHARE_TARGET = 0.5
+
+
+def points(section):
+  """(deployment, workload, R key, D key, point) of every point, W0 once
+  (its R keys hold one run)."""
+  for dep in v4.DEPLOYMENTS:
+    for workload, by_r in sorted(section.get(dep, {}).items()):
+      if workload == 'p_sweep':
+        continue
+      for r_key, by_d in by_r.items():
+        if workload == 'W0' and r_key != 'R4':
+          continue
+        for d_key, point in by_d.items():
+          yield dep, workload, r_key, d_key, point
+
+
+def goals(section, name='default') -> dict:
+  """Where a strategy meets and misses the goals of issue 23."""
+  below = []
+  total = 0
+  shares = []
+  for dep, workload, r_key, d_key, point in points(section):
+    total += 1
+    row = point[name]
+    at = f'{dep}.{workload}.{r_key}.{d_key}'
+    if row['ratio'] < NEVER_SLOWER:
+      below.append({
+          'at': at,
+          'ratio': row['ratio'],
+          'ratio_min': row['ratio_min'],
+          'aa_min': point['aa']['ratio_min'],
+      })
+    if d_key in ('D64', 'D256') and workload != 'W0':
+      gain = point['bound']['ratio'] - 1
+      shares.append({
+          'at': at,
+          'share': (row['ratio'] - 1) / gain if gain > 0 else None,
+          'ratio': row['ratio'],
+          'bound': point['bound']['ratio'],
+      })
+  wins = []
+  for dep in v4.DEPLOYMENTS:
+    for workload in ('W1', 'W2', 'W4'):
+      point = section.get(dep, {}).get(workload, {}).get('R4', {}).get('D0')
+      if point is None:
+        continue
+      wins.append({
+          'deployment': dep,
+          'workload': workload,
+          'ratio': point[name]['ratio'],
+          'target': WIN_TARGETS[dep],
+          'bound': point['bound']['ratio'],
+          'met': point[name]['ratio'] >= WIN_TARGETS[dep],
+      })
+  below.sort(key=lambda b: b['ratio'])
+  met = [s for s in shares if s['share'] is not None and s['share'] >= 0.5]
+  return {
+      'points': total,
+      'below': below,
+      'wins': wins,
+      'shares': shares,
+      'shares_met': len(met),
+  }

@@ -1,0 +1,173 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Tests of benchmark v4's phase A: the bound, the placements, the schema."""
+
+import functools
+import json
+
+import pytest
+
+from bench import costs
+from bench import policies
+from bench import v4
+from bench import v4_summary
+from bench import workloads
+
+SPEC = policies.TwoStageSpec(
+    rate_per_shard=1.0,
+    split_from=2.0,
+    max_shards=64,
+    decay_secs=30.0,
+    run_batches=4)
+# Every v4 workload at a size a test runs in seconds.
+TINY = tuple(
+    w.scaled(
+        requests=600 if w.name != 'W2' else 900,
+        workers=4 if w.name != 'W2' else 6) for w in v4.WORKLOADS)
+
+
+@functools.cache
+def _done():
+  return json.dumps(
+      v4.run_all(
+          SPEC,
+          costs.GPU,
+          quick=True,
+          progress=lambda _: None,
+          processes=1,
+          chosen=tuple(
+              w.scaled(requests=w.requests * v4.QUICK_DIVISOR) for w in TINY)))
+
+
+def done():
+  """The tasks of a tiny quick run (JSON round trip: as results.json
+  holds them)."""
+  out = json.loads(_done())
+  for task in out:
+    for dep in task['deployments'].values():
+      figures = dep['figures']
+      for key in list(figures):
+        if key != 'p_sweep':
+          figures[int(key)] = figures.pop(key)
+      if 'p_sweep' in figures:
+        figures['p_sweep'] = {int(p): v for p, v in figures['p_sweep'].items()}
+  return out
+
+
+def test_the_bound_is_above_every_strategy_at_every_placement():
+  checked = 0
+  for task in done():
+    for dep, info in task['deployments'].items():
+      for decode, rows in info['figures'].items():
+        if decode == 'p_sweep':
+          continue
+        (bound, ) = rows['bound']
+        for name, figures in rows.items():
+          if name == 'bound':
+            continue
+          assert name in ('baseline', 'default', 'keyed_8', 'lpt', 'stateless')
+          for figure in figures:
+            for window, capacity in figure['capacity'].items():
+              assert bound['capacity'][window] >= capacity, (
+                  task['task'], dep, decode, name, window)
+              checked += 1
+  assert checked > 1000
+
+
+def test_placements_are_namespaced_by_seed():
+  assert v4.salts_of(1) != v4.salts_of(2)
+  assert len(set(v4.salts_of(1))) == len(v4.SALTS)
+  assert not set(v4.EVAL_SEEDS) & set(v4.TUNING_SEEDS)
+
+
+def test_the_summary_holds_every_required_point():
+  section = v4_summary.summarize(done(), {'eval_seeds': [v4.EVAL_SEEDS[0]]})
+  assert v4_summary.missing_points(section) == []
+  point = section['streaming_F3']['W1']['R4']['D64']
+  for name in ('default',
+               'keyed_8',
+               'lpt',
+               'bound',
+               'baseline',
+               'aa',
+               'adaptive_v3',
+               'stateless'):
+    for field in ('ratio', 'ratio_min', 'ratio_max'):
+      assert isinstance(point[name][field], float), (name, field)
+  for name in ('default', 'keyed_8', 'baseline'):
+    for field in ('hit_rate', 'mean_batch_size'):
+      assert 0 < point[name][field]
+  assert point['baseline']['ratio'] == 1.0
+  assert point['adaptive_v3']['ratios'] == point['default']['ratios']
+  assert len(point['default']['ratios']) == len(v4.SALTS)
+  # W0 is one run, written under every required R.
+  w0 = section['batch']['W0']
+  assert w0['R0_25']['D64'] == w0['R4']['D64'] == w0['R64']['D64']
+  sweep = section['streaming_F2']['p_sweep']['processes']
+  assert set(sweep) == {str(p) for p in v4.P_SWEEP}
+
+
+def test_goals_list_the_points_below_the_floor():
+  section = v4_summary.summarize(done(), {})
+  goals = v4_summary.goals(section)
+  assert goals['points'] == sum(1 for _ in v4_summary.points(section))
+  for below in goals['below']:
+    assert below['ratio'] < v4_summary.NEVER_SLOWER
+  assert [b['ratio'] for b in goals['below']
+          ] == sorted(b['ratio'] for b in goals['below'])
+  assert {(w['deployment'], w['workload'])
+          for w in goals['wins']} == {(d, w)
+                                      for d in v4.DEPLOYMENTS
+                                      for w in ('W1', 'W2', 'W4')}
+
+
+def test_the_regimes_set_the_shareable_tokens():
+  for workload in v4.WORKLOADS[1:]:
+    for ratio in (0.25, 4, 64):
+      point = workloads.at_ratio(workload, ratio)
+      assert point.shareable_tokens == pytest.approx(
+          ratio * workloads.CACHE_TOKENS, rel=0.2)
+  with pytest.raises(ValueError, match='ratio must be positive'):
+    workloads.at_ratio(v4.WORKLOADS[1], 0)
+
+
+def test_off_goal_points_use_fewer_seeds():
+  assert len(v4.seeds_for('W1', '4', quick=False)) == 4
+  assert len(v4.seeds_for('W1', '16', quick=False)) == 2
+  assert v4.decodes_for('W2', '64', 'streaming_F3') == (64, )
+  assert v4.decodes_for('W1', '64', 'streaming_F3') == v4.DECODES
+
+
+def test_the_committed_runs_bound_is_above_every_strategy_at_every_placement():
+  from pathlib import Path
+  path = Path(__file__).resolve().parent / 'results.json'
+  section = json.loads(path.read_text()).get('v4')
+  if section is None:
+    pytest.skip('the committed run has no v4 section')
+  checked = 0
+  for dep, workload, r_key, d_key, point in v4_summary.points(section):
+    bound = point['bound']['ratios']
+    for name in ('default', 'keyed_8', 'lpt', 'baseline', 'stateless'):
+      if name not in point:
+        continue
+      ratios = point[name].get('ratios', [point[name]['ratio']] * len(bound))
+      assert len(ratios) == len(bound), (dep, workload, r_key, d_key, name)
+      for mine, top in zip(ratios, bound):
+        assert top >= mine, (dep, workload, r_key, d_key, name)
+        checked += 1
+  assert checked > 1000
