@@ -20,12 +20,18 @@
 The README's test command is what CI runs: `.ci/run` ends with it, as the
 README writes it, and does nothing before it that changes what it finds or
 runs (the Pythons tox finds come from toxfile.py, for both).
+
+Each non-test module of this repository's tooling (scripts/) and benchmark
+(bench/) fits in 600 lines: one that grows past them holds more than one
+concern, and is split.
 """
 
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The most lines a non-test module of scripts/ or bench/ may have.
+MODULE_LINES = 600
 
 
 def readme_test_command(readme: str) -> str:
@@ -100,3 +106,33 @@ def test_a_ci_that_departs_from_the_readme_fails():
       f'{readme_command}\n') == [
           ".ci/run runs tox other than the README: 'python3 -m tox -e py311'"
       ]
+
+
+def oversized_modules(folder: Path, limit: int = MODULE_LINES) -> list[str]:
+  """The non-test modules under folder (its packages included) that have
+  more than limit lines, with their line counts."""
+  found = []
+  for path in sorted(folder.rglob('*.py')):
+    if path.name.endswith('_test.py') or '__pycache__' in path.parts:
+      continue
+    lines = len(path.read_text().splitlines())
+    if lines > limit:
+      found.append(f'{path.relative_to(folder.parent)}: {lines} lines')
+  return found
+
+
+def test_every_module_of_scripts_and_bench_fits_in_600_lines():
+  assert oversized_modules(ROOT / 'scripts') + oversized_modules(
+      ROOT / 'bench') == []
+
+
+def test_a_module_past_the_limit_is_named(tmp_path):
+  tool = tmp_path / 'tool'
+  (tool / 'pkg').mkdir(parents=True)
+  for name, lines in (('fits.py', 600), ('big.py', 601), ('big_test.py', 900),
+                      ('pkg/deep.py', 700)):
+    (tool / name).write_text('x = 1\n' * lines)
+  assert oversized_modules(tool) == [
+      'tool/big.py: 601 lines',
+      'tool/pkg/deep.py: 700 lines',
+  ]
