@@ -30,7 +30,12 @@ only).
 * two_stage_keys: the state key AdaptiveNumShards gives each element in a
   batch runner, where its measuring step sees a key's elements in one
   burst: every element at the same processing time, so the measured rate
-  only grows, and a key's elements go to a new shard every run.
+  only grows, and a key's elements go to a new shard every run. With
+  issue 24's default a key's first elements (until its count reaches
+  own_batches_from, or the batch size if smaller) are cold: they go to the
+  cold state key of the process that measures the key (cold_key), which
+  the batching step then runs as any key, mixing the cold keys' elements
+  in its batches.
 
 bench/batch_model_test.py checks these batches against the FnApiRunner's.
 """
@@ -62,10 +67,12 @@ def stateless_batches(requests, workers: int, batch_size: int, salt):
   return batches, placement
 
 
-def two_stage_keys(spec, requests, batch_size: int, buffering_s=1.0):
+def two_stage_keys(
+    spec, requests, batch_size: int, buffering_s=1.0, cold_key=None):
   """The state key of every request under a two-stage policy in a batch
   runner (see the module docstring)."""
-  route = policies.two_stage_from(spec, batch_size, buffering_s)
+  route = policies.two_stage_from(
+      spec, batch_size, buffering_s, cold_key=cold_key)
   return [route(r._replace(arrival_us=0))[0] for r in requests]
 
 

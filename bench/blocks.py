@@ -87,7 +87,8 @@ def _run(results):
       f'tokens per worker, {v["rate_per_worker"]} requests/s per worker, '
       'scored in steady state over 10 s windows (batch: the makespan). '
       f'`default` is `PrefixBatchingConfig()` as the series ships it '
-      f'(`{meta["default_num_shards"]}`)')
+      f'(`{meta["default_num_shards"]}`: keys too cold to fill a batch '
+      'share their measuring process\'s batches)')
 
 
 def _losses(results, name='default', limit=8):
@@ -162,6 +163,11 @@ def readme_what_it_buys(results) -> str:
       '',
       _losses(results) + ' ' + _wins(results) + ' ' + _aa(results) + ' ' +
       _engine(results),
+      '',
+      'The same policy with every key warm (`adaptive_v3`, before cold '
+      'keys shared batches): ' +
+      _losses(results, 'adaptive_v3').replace('It is', 'it is', 1) + ' ' +
+      _wins(results, 'adaptive_v3'),
       '',
       'Eight shards per prefix (`keyed_8`, #40905\'s own default): ' +
       _losses(results, 'keyed_8').replace('It is', 'it is', 1),

@@ -240,6 +240,17 @@ class Driver:
       heapq.heappush(self._timers, (due, next(self._order), key))
 
 
+# The parameter name a DoFn method's TimestampParam maps to in BeamStep.
+_TIMESTAMP = 'timestamp'
+
+
+def _values(outputs):
+  """The batches a DoFn call yields: a batch stamped with its window (as
+  0004's keyed DoFn yields it since issue 24) unwrapped, lazily."""
+  for output in outputs:
+    yield output.value if hasattr(output, 'windows') else output
+
+
 class BeamStep:
   """The real keying and batching DoFns, called as a runner would call them.
 
@@ -256,11 +267,15 @@ class BeamStep:
     from apache_beam.transforms import util
     from apache_beam.transforms.timeutil import TimeDomain
     from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import Timestamp
 
     self._keying = util.WithBatchKey(key_fn)
     self._dofn = batching_dofn
     self._dofn.setup()
     self._window = GlobalWindow()
+    # The elements' event time, which nothing here reads: batches are
+    # served as the DoFn yields them, whatever their stamp.
+    self._timestamp = Timestamp(0)
     self._state_specs, timer_specs = userstate.get_dofn_specs(batching_dofn)
     (self._buffering_spec, ) = [
         spec for spec in timer_specs if spec.time_domain == TimeDomain.REAL_TIME
@@ -277,13 +292,16 @@ class BeamStep:
 
   @staticmethod
   def _parameters(method):
-    """The window, state and timer parameters of a DoFn method, by name."""
+    """The window, timestamp, state and timer parameters of a DoFn method,
+    by name."""
     from apache_beam.transforms import core
     parameters = {}
     for name, parameter in inspect.signature(method).parameters.items():
       default = parameter.default
       if default == core.DoFn.WindowParam:
         parameters[name] = None
+      elif default == core.DoFn.TimestampParam:
+        parameters[name] = _TIMESTAMP
       elif isinstance(default, core._StateDoFnParam):
         parameters[name] = default.state_spec
       elif isinstance(default, core._TimerDoFnParam):
@@ -336,10 +354,11 @@ class BeamStep:
     method, parameters = method_and_parameters
     keyed = self._states_and_timers(key)
     kwargs = {
-        name: self._window if spec is None else keyed[spec]
+        name: self._window if spec is None else
+        (self._timestamp if spec is _TIMESTAMP else keyed[spec])
         for name, spec in parameters.items()
     }
-    return method(*args, **kwargs) or ()
+    return _values(method(*args, **kwargs) or ())
 
 
 def batching_dofn(design: str, clock: FakeClock):

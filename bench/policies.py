@@ -120,7 +120,13 @@ class TwoStage:
   first element; the key's rate is the decayed count over the decayed
   time since its first element (at least min_span_s), and it gets
   ceil(rate / rate_per_shard) shards, at most max_shards (one while its
-  rate is under split_from). With
+  rate is under split_from). With own_batches_from set (issue 24's
+  default), a key whose rate brings fewer than own_batches_from elements
+  (at most the batch size) per buffering period is cold, and cold again
+  once warm only below half of that: its element goes to cold_key(key), the
+  state key the cold keys of its measuring process share; a key that turns
+  warm starts its runs at shard 0. Without it (adaptive_v3, 0011 before
+  issue 24) every key is warm. With
   pick='runs', a key's elements go to one shard in runs of run_length
   (a new run, on the next shard, when a run is full or older than
   run_timeout_s); with pick='random', a shard is drawn per element.
@@ -136,8 +142,20 @@ class TwoStage:
       run_length: int = 8,
       run_timeout_s: float = 1.0,
       split_from: float = 0.0,
+      own_batches_from=None,
+      batch_size: int = 8,
+      buffering_s: float = 1.0,
+      cold_key=None,
       seed=0):
+    if own_batches_from is not None and own_batches_from <= 0:
+      raise ValueError(
+          f'own_batches_from must be positive or None, got '
+          f'{own_batches_from!r}')
     self.rate_per_shard = rate_per_shard
+    self.own_batches_from = own_batches_from
+    self.batch_size = batch_size
+    self.buffering_s = buffering_s
+    self.cold_key = cold_key or (lambda key: ('cold', 0))
     self.split_from = split_from
     self.tau_us = tau_s * MICROS
     self.min_span_us = min_span_s * MICROS
@@ -150,7 +168,8 @@ class TwoStage:
     self._state: dict = {}
 
   def shards_of(self, key, now_us):
-    """The key's shard count after counting an element at now_us."""
+    """The key's shard count after counting an element at now_us (0: the
+    key is cold)."""
     state = self._state.get(key)
     if state is None:
       state = self._state[key] = [0.0, now_us, now_us, -1, 0, now_us]
@@ -160,6 +179,15 @@ class TwoStage:
     span = max(now_us - state[2], self.min_span_us)
     window_s = self.tau_us * (1 - math.exp(-span / self.tau_us)) / MICROS
     rate = state[0] / window_s
+    if self.own_batches_from is not None:
+      # 0011's _next_shard: cold below own_batches_from elements per
+      # buffering period, and below half of it once warm.
+      own = min(self.batch_size, self.own_batches_from)
+      if state[3] >= 0:
+        own /= 2
+      if rate * self.buffering_s < own:
+        state[3], state[4] = -1, 0
+        return state, 0
     if rate < self.split_from:
       return state, 1
     count = max(1, min(self.max_shards, math.ceil(rate / self.rate_per_shard)))
@@ -167,6 +195,9 @@ class TwoStage:
 
   def __call__(self, request):
     state, count = self.shards_of(request.key, request.arrival_us)
+    if count == 0:
+      # (A cold key's run start only moves its forget timer.)
+      return self.cold_key(request.key), 0
     if self.pick == 'random':
       shard = int(self._rng.random() * count) if count > 1 else 0
     else:
@@ -229,25 +260,42 @@ class TwoStageSpec:
       split_from=None,
       max_shards=64,
       decay_secs=30.0,
-      run_batches=4):
+      run_batches=4,
+      own_batches_from=None):
     self.rate_per_shard = rate_per_shard
     self.split_from = split_from
     self.max_shards = max_shards
     self.decay_secs = decay_secs
     self.run_batches = run_batches
+    self.own_batches_from = own_batches_from
 
   def __repr__(self):
     return (
         f'TwoStageSpec(rate_per_shard={self.rate_per_shard}, '
         f'split_from={self.split_from}, max_shards={self.max_shards}, '
-        f'decay_secs={self.decay_secs}, run_batches={self.run_batches})')
+        f'decay_secs={self.decay_secs}, run_batches={self.run_batches}, '
+        f'own_batches_from={self.own_batches_from})')
 
 
-def two_stage_from(spec, batch_size, buffering_s, seed=0) -> TwoStage:
+def adaptive_v3(spec):
+  """The two-stage spec with issue 24's cold keys left out: 0011's
+  AdaptiveNumShards as benchmark v4 first measured it (every key warm)."""
+  return TwoStageSpec(
+      rate_per_shard=spec.rate_per_shard,
+      split_from=getattr(spec, 'split_from', 0.0),
+      max_shards=spec.max_shards,
+      decay_secs=spec.decay_secs,
+      run_batches=getattr(spec, 'run_batches', 1))
+
+
+def two_stage_from(
+    spec, batch_size, buffering_s, seed=0, cold_key=None) -> TwoStage:
   """The simulator's model of a two-stage policy object of the tree. A
   batch's rate is batch_size per buffering duration; rate_per_shard None is
   a quarter of it (TWO_STAGE_SHARDS_PER_BATCH_RATE), split_from None all of
-  it. A run is run_batches batches, or run_batches buffering durations."""
+  it. A run is run_batches batches, or run_batches buffering durations.
+  A spec with own_batches_from (issue 24's) sends cold keys to
+  cold_key(key), by default one process's ('cold', 0)."""
   batch_rate = batch_size / buffering_s
   rate = spec.rate_per_shard
   if rate is None:
@@ -264,6 +312,10 @@ def two_stage_from(spec, batch_size, buffering_s, seed=0) -> TwoStage:
       run_length=run_batches * batch_size,
       run_timeout_s=run_batches * buffering_s,
       split_from=split_from,
+      own_batches_from=getattr(spec, 'own_batches_from', None),
+      batch_size=batch_size,
+      buffering_s=buffering_s,
+      cold_key=cold_key,
       seed=seed)
 
 
@@ -274,10 +326,10 @@ def learns_per_copy(spec) -> bool:
       not is_two_stage(spec))
 
 
-def route_for(spec, copies, seed, *, batch_size, buffering_s):
+def route_for(spec, copies, seed, *, batch_size, buffering_s, cold_key=None):
   """The route of BatchElements(key_fn=..., num_shards=spec)."""
   if is_two_stage(spec):
-    return two_stage_from(spec, batch_size, buffering_s, seed)
+    return two_stage_from(spec, batch_size, buffering_s, seed, cold_key)
   return CopiedShards(spec, copies, seed, 'copy')
 
 

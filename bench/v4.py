@@ -18,6 +18,16 @@
 """Benchmark v4 (phase A): every strategy in every deployment, regime,
 decode length and placement (stdlib only).
 
+The strategy `default` is the tree's PrefixBatchingConfig() policy (issue
+24's AdaptiveNumShards, where keys too cold to fill batches share their
+measuring process's cold state key); `adaptive_v3` is the same policy
+with every key warm (0011 before issue 24), measured wherever `default` is
+so that the gap is on record. A key is measured in one SDK process: a
+salted hash of its measuring key over the fleet's processes (workers x
+PROCESSES_PER_WORKER), the same for every placement of a seed, as a runner
+that keeps the measuring step's key ranges in place; the cold state keys
+themselves are placed by each deployment's placement like any state key.
+
 A task is one workload at one regime R and one evaluation seed, in one
 deployment group: streaming (streaming_F2 and streaming_F3 share the
 requests, the batches and t0) or batch. Each strategy forms its batches
@@ -72,7 +82,7 @@ WORKLOADS = (
     workloads.W4.scaled(requests=24_000),
 )
 QUICK_DIVISOR = 8
-STRATEGIES = ('baseline', 'default', 'keyed_8')
+STRATEGIES = ('baseline', 'default', 'adaptive_v3', 'keyed_8')
 
 
 def r_keys(workload_name, quick=False):
@@ -111,10 +121,29 @@ def salts_of(seed):
 _STATE: dict = {}
 
 
+def cold_key_of(seed, workers, processes=PROCESSES_PER_WORKER):
+  """key -> the cold state key of the SDK process that measures the key
+  (see the module docstring)."""
+  count = workers * processes
+
+  def cold_key(key):
+    return ('cold', frames.position(('measuring', key), f'{seed}/m') % count)
+
+  return cold_key
+
+
+def _specs(spec):
+  """The num_shards spec of `default` and of `adaptive_v3`."""
+  if not policies.is_two_stage(spec):
+    return {'default': spec, 'adaptive_v3': spec}
+  return {'default': spec, 'adaptive_v3': policies.adaptive_v3(spec)}
+
+
 def _charges(spec):
   return {
       'baseline': Charges(1),
       'default': Charges(1, policies.is_two_stage(spec)),
+      'adaptive_v3': Charges(1, policies.is_two_stage(spec)),
       'keyed_8': Charges(1),
       'stateless': Charges(0),
   }
@@ -156,15 +185,21 @@ def streaming_task(workload, r_key, seed, quick):
   formed = {
       'baseline': fleet.form_batches(
           requests, policies.PerProcessKey(copies), bs, buffering),
-      'default': fleet.form_batches(
-          requests,
-          policies.route_for(
-              spec, copies, seed, batch_size=bs, buffering_s=BUFFERING_S),
-          bs,
-          buffering),
       'keyed_8': fleet.form_batches(
           requests, policies.CopiedShards(8, copies, seed), bs, buffering),
   }
+  for name, of in _specs(spec).items():
+    formed[name] = fleet.form_batches(
+        requests,
+        policies.route_for(
+            of,
+            copies,
+            seed,
+            batch_size=bs,
+            buffering_s=BUFFERING_S,
+            cold_key=cold_key_of(seed, w)),
+        bs,
+        buffering)
   per_key = {}
   for b in formed['default']:
     per_key[b.state_key] = per_key.get(b.state_key, 0) + len(b.requests)
@@ -277,16 +312,22 @@ def batch_task(workload, r_key, seed, quick):
   charges = _charges(spec)
   big = 2**62
   salts = salts_of(seed)
-  if policies.is_two_stage(spec):
-    default_keys = batch_model.two_stage_keys(spec, requests, bs)
-  else:
-    default_keys = batch_model.random_shard_keys(
-        requests, spec if isinstance(spec, int) else 1, seed)
   grouped = {
-      'default': batch_model.group(requests, default_keys, bs),
       'keyed_8': batch_model.group(
           requests, batch_model.random_shard_keys(requests, 8, seed), bs),
   }
+  # The measuring step emits a key's elements together: the cold state
+  # key's elements come key by key.
+  cold_key = cold_key_of(seed, w)
+  measured = sorted(
+      requests, key=lambda r: frames.position(('measuring', r.key), seed))
+  for name, of in _specs(spec).items():
+    if policies.is_two_stage(of):
+      keys = batch_model.two_stage_keys(of, measured, bs, BUFFERING_S, cold_key)
+    else:
+      keys = batch_model.random_shard_keys(
+          measured, of if isinstance(of, int) else 1, seed)
+    grouped[name] = batch_model.group(measured, keys, bs)
 
   def run(batches, placement, charge, salt):
     return deploy.evaluate(
@@ -304,7 +345,7 @@ def batch_task(workload, r_key, seed, quick):
     base[salt] = run(batches, placement, charges['stateless'], salt)
   n = len(requests)
   keyed_runs = {}
-  for name in ('default', 'keyed_8'):
+  for name in ('default', 'adaptive_v3', 'keyed_8'):
     weights = {
         k: batch_model.key_work(v, model, BATCH_CUT_DECODE, charges[name])
         for k, v in grouped[name].items()
@@ -322,7 +363,7 @@ def batch_task(workload, r_key, seed, quick):
   figures = {}
   for decode in decodes_for(workload.name, r_key, 'batch'):
     rows = figures[decode] = {}
-    for name in ('default', 'keyed_8', 'lpt'):
+    for name in ('default', 'adaptive_v3', 'keyed_8', 'lpt'):
       rows[name] = [
           deploy.score(
               keyed_runs[(name, salt)], 0, decode, model, BATCH_COPIES, n)

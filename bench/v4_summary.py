@@ -74,7 +74,7 @@ def _row(per_seed, name, deployment):
 
 def _point(tasks_of_point, deployment, decode):
   per_seed = {}
-  names = ('baseline', 'default', 'keyed_8', 'lpt', 'bound')
+  names = ('baseline', 'default', 'adaptive_v3', 'keyed_8', 'lpt', 'bound')
   if deployment != 'batch':
     names += ('stateless', )
   for task in tasks_of_point:
@@ -86,10 +86,10 @@ def _point(tasks_of_point, deployment, decode):
       name: _row(rows, name, deployment)
       for name, rows in per_seed.items()
   }
-  point['adaptive_v3'] = dict(point['default'])
   gain = point['bound']['ratio'] - 1
-  point['default']['bound_share'] = ((point['default']['ratio'] - 1) /
-                                     gain if gain > 0 else None)
+  for name in ('default', 'adaptive_v3'):
+    point[name]['bound_share'] = ((point[name]['ratio'] - 1) /
+                                  gain if gain > 0 else None)
   infos = [t['deployments'][deployment] for t in tasks_of_point]
   point[POINT] = {
       't0_s': statistics.median(i['t0_s'] for i in infos),
@@ -176,9 +176,9 @@ def missing_points(section) -> list:
       for r, d in wanted:
         point = section.get(dep, {}).get(workload, {}).get(f'R{r}',
                                                            {}).get(f'D{d}')
-        if point is None or any(
-            s not in point
-            for s in ('default', 'keyed_8', 'lpt', 'bound', 'baseline')):
+        if point is None or any(s not in point
+                                for s in ('default', 'adaptive_v3', 'keyed_8',
+                                          'lpt', 'bound', 'baseline')):
           missing.append(f'{dep}.{workload}.R{r}.D{d}')
   return missing
 

@@ -35,7 +35,11 @@ what it learns in state does not. The stateless path is not validated: its
 batches are the runner's bundles.
 
 A run passes when the simulator forms exactly the same batches (the same
-requests in each) from the same requests.
+requests in each) from the same requests. The runner is one SDK process, so
+issue 24's default has one cold state key there, the simulator's
+('cold', 0); batches_cold counts the simulated batches of that key and
+batches_mixed those that hold more than one key, so a run shows that it
+exercised the cold keys' shared batches as well as warm keys' own.
 """
 
 import random
@@ -204,6 +208,10 @@ def validate(quick: bool, strategies: dict, seed, progress) -> dict:
         'batches_simulated': len(sim),
         'batches_by_timer': len(sim) - full,
         'batches_full': full,
+        'batches_cold': sum(1 for b in simulated if b.state_key == ('cold', 0)),
+        'batches_mixed': sum(
+            1 for b in simulated if len({r.key
+                                         for r in b.requests}) > 1),
         'exact': Counter(real) == Counter(sim),
         'matching_batches': sum((Counter(real) & Counter(sim)).values()),
     }
