@@ -334,8 +334,7 @@ class VLLMPrefixBatchingTest(unittest.TestCase):
       if server._publisher is not None and server._publisher.value:
         values.append((now, server._publisher.value))
       if LOAD_SECS / 4 <= now < LOAD_SECS:
-        running.append(
-            engines.prometheus_counters(port, [RUNNING])[RUNNING])
+        running.append(engines.prometheus_counters(port, [RUNNING])[RUNNING])
       time.sleep(0.5)
     active[0] = 0
     for thread in threads:
