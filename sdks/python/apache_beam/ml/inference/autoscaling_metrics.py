@@ -139,6 +139,11 @@ _STABILITY = 0.1
 # a pool whose prior is right shrink to it in a few decisions.
 _PROBE = 1.5
 _PROBE_WITHOUT_PRIOR = 2
+# The geometric mean of the load and the prior is offered only while the
+# load is below this fraction of the prior: a pool far larger than it needs
+# then shrinks in a few decisions, while a worker that joins a pool near
+# its size offers only 1.5 times its share.
+_FAR_BELOW = 4
 # A batch in flight for longer than this many times the longest batch that
 # finished over the hold, and at least _MIN_EXPIRY_SECS, is taken as lost
 # (its client process died without finishing it) and no longer counted.
@@ -370,10 +375,13 @@ class CapacityEstimator:
   ``max_running_requests`` over the requests the server holds per batch in
   flight. From below, the most batches in flight without queueing over the
   hold, ``load``: the server serves at least that many. The estimate is
-  ``min(prior, max(1.5 * load, sqrt(load * prior)))``, or ``2 * load``
-  without a prior, and at most twice a capacity measured before: in a pool
-  that has never saturated, each autoscaling decision shrinks the pool
-  until its servers saturate, which measures them. Nothing is answered
+  ``min(prior, 1.5 * load)``, or ``min(prior, sqrt(load * prior))`` while
+  the load is below a quarter of the prior, or ``2 * load`` without a
+  prior, and at most twice a capacity measured before: in a pool that has
+  never saturated, each autoscaling decision shrinks the pool until its
+  servers saturate, which measures them, quickly while it is far too
+  large; a worker that joins a pool near its size offers only 1.5 times
+  its share, so that it does not make the pool churn. Nothing is answered
   before the load has stopped growing for ``config.settle_secs``, nor
   without load: never 1 for "unknown".
 
@@ -664,7 +672,10 @@ class CapacityEstimator:
     if prior is None:
       value = _PROBE_WITHOUT_PRIOR * load
     else:
-      value = min(prior, max(_PROBE * load, math.sqrt(load * prior)))
+      value = _PROBE * load
+      if load * _FAR_BELOW < prior:
+        value = max(value, math.sqrt(load * prior))
+      value = min(prior, value)
     if self._measured is not None:
       value = min(value, 2 * self._measured)
     return value
