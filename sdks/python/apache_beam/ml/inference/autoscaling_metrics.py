@@ -27,6 +27,29 @@ has one model loaded, but the server serves many batches at once.
 many batches the server can serve at once, measured from the server's own
 Prometheus metrics while it is saturated.
 
+Two parts: ``CapacityEstimator``, a pure object fed the scrapes of a server
+and the batches sent to it, each with a time, which answers the value; and
+the publisher, a thread that scrapes the server, feeds the estimator and
+publishes its value at every poll.
+
+The runner contract. A Beam distribution reaches a runner as a cumulative
+count, sum, min and max per process. The value is designed for a runner
+that reads **the last value each worker published, or the mean or min of
+the values published over a recent window**: each poll publishes the
+worker's current answer, so every window holds only current answers.
+Which statistic Dataflow reads is not documented; that it reads a recent
+one is an assumption, the one the model manager's own use of this
+distribution makes (it publishes the number of models loaded whenever it
+changes). The lifetime min or max of the cumulative distribution cannot be
+served: to find a server's capacity without a measurement, a worker must
+offer more than its load, so that the pool shrinks until a server
+saturates and is measured, and then publish what it measured; a value
+right under the lifetime min and max could never change, so it could not
+probe, and a stopping publisher publishes 0. A windowed max is served
+once every worker has measured, but it is any one worker's value: while a
+worker that joined probes above the others, the pool shrinks by it, and
+where the right size does not saturate the servers it can churn.
+
 This module imports without torch, so that code which only needs the name
 of the distribution (``NUM_LOADED_MODELS_NAMESPACE``,
 ``num_loaded_models_name``) need not import the model manager.
@@ -35,6 +58,7 @@ of the distribution (``NUM_LOADED_MODELS_NAMESPACE``,
 import collections
 import dataclasses
 import http.client
+import itertools
 import logging
 import math
 import socket
@@ -55,9 +79,11 @@ from apache_beam.metrics.metricbase import MetricName
 
 __all__ = [
     'AutoscalingConfig',
+    'CapacityEstimator',
     'NUM_LOADED_MODELS_NAMESPACE',
     'PrometheusNumLoadedModelsPublisher',
     'ServerMetricNames',
+    'ServerScrape',
     'num_loaded_models_name',
 ]
 
@@ -76,25 +102,36 @@ def num_loaded_models_name(tag: str) -> str:
 # A scrape reads at most this much of a page: a vLLM server's page is
 # 60-150 KB, and a bigger one is read no further, so that a poll stays cheap.
 _MAX_PAGE_BYTES = 2 << 20
-# The longest a socket operation of a scrape may block.
+# The longest a scrape may take in all, connecting, headers and page
+# included: a poll interval, but at least 1 s and at most 4 s; and the
+# longest a socket operation of it may block.
+_MIN_SCRAPE_SECS = 1.0
+_MAX_SCRAPE_SECS = 4.0
 _MAX_SOCKET_TIMEOUT_SECS = 2.0
 # How long stop() lets the thread finish its last scrape before it cuts the
 # connection, and then how long it waits for the thread to end.
 _STOP_GRACE_SECS = 0.25
 _STOP_JOIN_SECS = 1.0
-# A scrape finds the server queueing when requests of this many batches
-# wait: more than those of the batch it is taking in, whose requests queue
-# behind each other to be prefilled however idle the server is.
+# A scrape finds the server queueing when requests of this many of the
+# client's batches wait: more than those of the batch it is taking in, whose
+# requests queue behind each other to be prefilled however idle the server
+# is.
 _QUEUED_BATCHES = 2
-# While it queues, a server whose running count rose by more than this
-# factor over config.saturated_queue_secs is still taking in a load that
-# arrived at once, not saturated.
+# The server is saturated by its queue when at least this share of the
+# scrapes of config.saturated_queue_secs found it queueing. Not every one:
+# with outputs of one length a batch's requests end together, and the queue
+# drains for the moment its senders take to send their next batches.
+_QUEUED_SHARE = 0.5
+# While it queues, a server whose running requests rose by more than this
+# factor, from the least of the first half of config.saturated_queue_secs to
+# the most of the second, is still taking in a load that arrived at once,
+# not saturated.
 _PLATEAU = 1.1
 # A new window's median replaces the capacity only when it differs by more
 # than this share, so that the noise of the samples does not move the value
 # across a worker count and back.
 _STABILITY = 0.1
-# Before its first measurement, a publisher offers at most this many times
+# Before its first measurement, an estimator offers at most this many times
 # the most batches it has served without queueing (and at least the
 # geometric mean of those and its prior), or, without a prior, twice as
 # many. The less it offers above what it served, the less a worker that
@@ -102,6 +139,20 @@ _STABILITY = 0.1
 # a pool whose prior is right shrink to it in a few decisions.
 _PROBE = 1.5
 _PROBE_WITHOUT_PRIOR = 2
+# The geometric mean of the load and the prior is offered only while the
+# load is below this fraction of the prior: a pool far larger than it needs
+# then shrinks in a few decisions, while a worker that joins a pool near
+# its size offers only 1.5 times its share.
+_FAR_BELOW = 4
+# A batch in flight for longer than this many times the longest batch that
+# finished over the hold, and at least _MIN_EXPIRY_SECS, is taken as lost
+# (its client process died without finishing it) and no longer counted.
+_EXPIRY_FACTOR = 4
+_MIN_EXPIRY_SECS = 300
+# A server that holds more than this many times the requests its client has
+# in flight serves other clients too, or more than one sequence per request
+# (sampling with n > 1); the estimator counts its share and says so.
+_FOREIGN_REQUESTS = 1.5
 
 
 def _check_positive(name: str, value: Any, integer: bool = False) -> None:
@@ -128,32 +179,44 @@ def _check_name(name: str, value: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class AutoscalingConfig:
-  """How PrometheusNumLoadedModelsPublisher measures and publishes.
+  """How CapacityEstimator measures and PrometheusNumLoadedModelsPublisher
+  publishes.
 
   Args:
     poll_interval_secs: seconds between two scrapes of the server's metrics.
-    window_secs: the capacity is the median of the saturated intervals of the
+    window_secs: the capacity is the median of the saturated scrapes of the
       last window_secs; at least poll_interval_secs.
-    hold_secs: how long a measured capacity is kept once no interval is
+    hold_secs: how long a measured capacity is kept once no scrape is
       saturated any more (lulls, idle periods, a restarted server), and how
-      long the publisher remembers the load it served. After that it
+      long the estimator remembers the load it served. After that it
       estimates the capacity again as before its first measurement, at most
       twice what it measured. At least window_secs.
-    target_utilization: in (0, 1]. The published value is the capacity times
+    target_utilization: in (0, 1]. A measured capacity is published times
       this: 0.8 leaves a fifth of every server as headroom, so that the pool
-      grows before its servers saturate. 1 (the default) leaves none.
+      grows before its servers saturate; the pool settles at
+      ceil(demand / (target_utilization * capacity)). Estimates are not
+      scaled: they probe for a saturation, which measures the server once
+      per hold_secs. 1 (the default) leaves no headroom.
     max_running_requests: optional. The most requests the server runs at
       once (vLLM's ``max_num_seqs``), for the prior: an upper bound on the
       capacity before the first measurement, in batches of the requests the
       server holds per batch in flight.
-    saturated_cache_usage: in (0, 1]. An interval is saturated when the
-      server's cache usage is at least this at both ends.
-    saturated_queue_secs: an interval is saturated when requests of at least
-      two batches have waited at every scrape for this long, while the
-      server's running count stayed within 10%.
-    settle_secs: before its first measurement, the publisher publishes
-      nothing until the load it serves has stopped growing for this long, so
-      that a worker still taking its share of the load does not report a
+    max_batches_in_flight: optional. The most batches the worker can have
+      in flight at once: its senders, the DoFn threads
+      (``--number_of_worker_harness_threads``) times the SDK processes that
+      share the server. The value is never more than that, since a worker
+      cannot use more: a server that a worker's senders never saturate is
+      never measured, and its estimate would stay above them. Not a count
+      of the senders seen, which would follow the load.
+    saturated_cache_usage: in (0, 1]. An interval between two scrapes is
+      saturated when the server's cache usage is at least this at both ends.
+    saturated_queue_secs: a scrape is saturated when requests of at least
+      two batches wait at it and at half the scrapes of the last
+      saturated_queue_secs, while the server's most running requests rose by
+      at most 10% over them.
+    settle_secs: before its first measurement, nothing is published until
+      the load the worker serves has stopped growing for this long, so that
+      a worker still taking its share of the load does not report a
       fraction of it.
   """
   poll_interval_secs: float = 5
@@ -161,6 +224,7 @@ class AutoscalingConfig:
   hold_secs: float = 3600
   target_utilization: float = 1.0
   max_running_requests: Optional[int] = None
+  max_batches_in_flight: Optional[int] = None
   saturated_cache_usage: float = 0.9
   saturated_queue_secs: float = 60
   settle_secs: float = 180
@@ -181,6 +245,9 @@ class AutoscalingConfig:
     if self.max_running_requests is not None:
       _check_positive(
           'max_running_requests', self.max_running_requests, integer=True)
+    if self.max_batches_in_flight is not None:
+      _check_positive(
+          'max_batches_in_flight', self.max_batches_in_flight, integer=True)
     _check_fraction('saturated_cache_usage', self.saturated_cache_usage)
     _check_positive('saturated_queue_secs', self.saturated_queue_secs)
     _check_positive('settle_secs', self.settle_secs)
@@ -202,7 +269,8 @@ class ServerMetricNames:
       finished as many requests as it runs: until then its requests are
       young, hold little of the cache, and a server whose cache bounds it
       runs more of them than it will once they have grown; and a restarted
-      server is still taking in the load that waited for it.
+      server is still taking in the load that waited for it. A page without
+      it is logged, and measured without that check.
   """
   running: str
   waiting: str
@@ -221,14 +289,404 @@ class ServerMetricNames:
       _check_name('finished', self.finished)
 
 
-class _Scrape(NamedTuple):
-  time: float
+class ServerScrape(NamedTuple):
+  """What one scrape of a server read (see ServerMetricNames); None for a
+  metric that was not scraped."""
   running: float
   waiting: float
-  cache_usage: Optional[float]
-  preemptions: Optional[float]
+  cache_usage: Optional[float] = None
+  preemptions: Optional[float] = None
+  finished: Optional[float] = None
+
+
+class _Point(NamedTuple):
+  """A scrape with the client's batches and requests in flight then."""
+  time: float
+  scrape: ServerScrape
   batches: int
   requests: int
+
+  def waiting(self) -> float:
+    """The client's share of the requests waiting: its requests over those
+    the server holds, when the server holds more (other clients, or n > 1
+    sequences per request)."""
+    held = self.scrape.running + self.scrape.waiting
+    if held > self.requests:
+      return self.scrape.waiting * self.requests / held
+    return self.scrape.waiting
+
+  def queued(self) -> bool:
+    """Whether requests of two of the client's batches in flight, or more,
+    wait."""
+    return bool(
+        self.batches and
+        self.waiting() * self.batches >= _QUEUED_BATCHES * self.requests)
+
+  def served(self) -> Optional[float]:
+    """The client's batches a saturated server serves at once: those in
+    flight less the whole batches whose requests wait (as many as its waiting
+    requests over its requests per batch in flight)."""
+    if not self.batches or not self.requests or not self.scrape.running:
+      return None
+    served = self.batches * (1 - self.waiting() / self.requests)
+    return served if served > 0 else None
+
+
+class CapacityEstimator:
+  """How many batches an inference server can serve at once, from its
+  metrics and the batches a client sends it.
+
+  A pure object: it is told the scrapes of the server (``observe``) and the
+  batches sent (``batch_started``, ``batch_finished``), each with a time,
+  and answers the value to publish (``value``). It starts no thread, reads
+  no clock and makes no request; it is not thread-safe.
+
+  What it answers is capacity, not load, and it measures it only while the
+  server is saturated, when its running count is what it can run rather
+  than what it is given. A scrape is saturated when the server's cache usage
+  was at least ``config.saturated_cache_usage`` at it and at the scrape
+  before, or it preempted requests in between; or when requests of at least
+  two of the client's batches in flight wait at it and at half the scrapes
+  of the last ``config.saturated_queue_secs``, while the requests it runs
+  rose by at most 10% from the first half of that span to the second.
+  Two batches, because a server prefilling long prompts makes the requests
+  of the batch it is taking in wait for each other however idle it is; half
+  the scrapes, because with outputs of one length a batch's requests end
+  together and the queue drains while their senders send again; a steady
+  running count, because a server still taking in a load that arrived at
+  once also has a queue for a while. With ``finished`` scraped, the server
+  is measured only once it has finished as many requests as it runs.
+
+  The batches come from the client's own records of its batches in flight
+  and their requests, B and Q: the W requests waiting at a saturated server
+  are whole batches behind the ones it serves, so it serves B * (1 - W / Q)
+  batches at once. Counting the batches in flight counts a batch whose last
+  requests still run, as RunInference waits for all of them. When the
+  server holds more requests than Q (other clients, or sampling with
+  n > 1), W is the client's share: W * Q / (running + waiting), so that two
+  clients of one server each measure their share of it in proportion to
+  their batches. The capacity is the median of the samples of the last
+  ``config.window_secs``; it moves only when that median differs from it by
+  more than 10%. Once no scrape is saturated (the load fell, the server
+  idles or restarted), it is held for ``config.hold_secs``.
+
+  Before the first measurement, and after the hold, it estimates the
+  capacity from above and from below. From above, its prior:
+  ``max_running_requests`` over the requests the server holds per batch in
+  flight. From below, the most batches in flight without queueing over the
+  hold, ``load``: the server serves at least that many. The estimate is
+  ``min(prior, 1.5 * load)``, or ``min(prior, sqrt(load * prior))`` while
+  the load is below a quarter of the prior, or ``2 * load`` without a
+  prior, and at most twice a capacity measured before: in a pool that has
+  never saturated, each autoscaling decision shrinks the pool until its
+  servers saturate, which measures them, quickly while it is far too
+  large; a worker that joins a pool near its size offers only 1.5 times
+  its share, so that it does not make the pool churn. Nothing is answered
+  before the load has stopped growing for ``config.settle_secs``, nor
+  without load: never 1 for "unknown".
+
+  A measured capacity is answered times ``config.target_utilization``; an
+  estimate is not, so that it still probes. Either is at most
+  ``config.max_batches_in_flight``, the batches the worker can have in
+  flight. A batch in flight for more than 4 times the
+  longest that finished over the hold (and 300 s) is taken as lost.
+
+  Args:
+    config: an AutoscalingConfig; the defaults when None.
+  """
+  def __init__(self, config: Optional[AutoscalingConfig] = None):
+    if config is None:
+      config = AutoscalingConfig()
+    if not isinstance(config, AutoscalingConfig):
+      raise TypeError(f'config must be an AutoscalingConfig, got {config!r}.')
+    self._config = config
+    # id -> (time started, requests) of the batches in flight.
+    self._in_flight: dict[int, tuple[float, int]] = {}
+    self._next_batch = 0
+    self._requests_in_flight = 0
+    self._batches_sent = 0
+    self._requests_sent = 0
+    # (time, seconds) of the batches finished over the hold, each longer
+    # than any after it: the first is the longest.
+    self._durations: collections.deque = collections.deque()
+    self._last: Optional[_Point] = None
+    # (time, queued, running) of the scrapes of saturated_queue_secs, and
+    # the time of the first scrape of the server.
+    self._recent: collections.deque = collections.deque()
+    self._first_scrape = math.inf
+    # (time, batches the server served at once) of the saturated scrapes of
+    # the window.
+    self._samples: collections.deque = collections.deque()
+    self._new_samples = False
+    # (time, batches in flight, requests the server held for them) of the
+    # scrapes of the hold with batches in flight, and their sums.
+    self._sizes: collections.deque = collections.deque()
+    self._held_batches = 0
+    self._held_requests = 0.0
+    # (time, batches in flight) of the unsaturated scrapes of the hold, each
+    # more than any after it: the first is the most of the hold.
+    self._loads: collections.deque = collections.deque()
+    self._load_rose_at = -math.inf
+    self._capacity: Optional[float] = None
+    self._measured: Optional[float] = None
+    self._measured_at = -math.inf
+    self._answered = False
+    self._why: Optional[str] = 'no scrape yet'
+    self._notes: list[str] = []
+
+  @property
+  def config(self) -> AutoscalingConfig:
+    return self._config
+
+  @property
+  def measured(self) -> bool:
+    """Whether the value answered last was measured, not estimated."""
+    return self._capacity is not None
+
+  @property
+  def why_none(self) -> Optional[str]:
+    """Why value() answered None last, or None when it answered a value."""
+    return self._why
+
+  def pop_notes(self) -> list[str]:
+    """What changed that its user may log (a lost batch, a re-estimate, a
+    shared server), since the last call."""
+    notes, self._notes = self._notes, []
+    return notes
+
+  def batch_started(self, now: float, num_requests: int) -> int:
+    """Notes that a batch of num_requests requests was sent at now; returns
+    its id for batch_finished."""
+    _check_batch(num_requests)
+    batch = self._next_batch
+    self._next_batch += 1
+    self._in_flight[batch] = (now, num_requests)
+    self._requests_in_flight += num_requests
+    self._batches_sent += 1
+    self._requests_sent += num_requests
+    return batch
+
+  def batch_finished(self, now: float, batch: int) -> None:
+    """Notes that the batch batch_started answered got all its responses,
+    or failed, at now. A batch already taken as lost is ignored."""
+    record = self._in_flight.pop(batch, None)
+    if record is None:
+      return
+    started, requests = record
+    self._requests_in_flight -= requests
+    duration = now - started
+    durations = self._durations
+    while durations and durations[-1][1] <= duration:
+      durations.pop()
+    durations.append((now, duration))
+
+  @property
+  def batches_in_flight(self) -> int:
+    return len(self._in_flight)
+
+  def server_restarted(self) -> None:
+    """Notes that the scrapes now come from a new server process: no
+    interval spans the restart."""
+    self._last = None
+    self._recent.clear()
+    self._first_scrape = math.inf
+
+  def observe(self, now: float, scrape: ServerScrape) -> None:
+    """Notes a scrape of the server at now."""
+    self._expire(now)
+    last = self._last
+    if last is not None and now <= last.time:
+      return
+    point = _Point(now, scrape, len(self._in_flight), self._requests_in_flight)
+    self._last = point
+    self._first_scrape = min(self._first_scrape, now)
+    held = scrape.running + scrape.waiting
+    if point.batches and held > _FOREIGN_REQUESTS * point.requests:
+      self._note(
+          'the server holds %d requests, more than the %d this client has '
+          'in flight: it counts its share (other clients, or n > 1 '
+          'sequences per request)' % (held, point.requests))
+    if point.batches and held:
+      size = min(held, point.requests)
+      self._sizes.append((now, point.batches, size))
+      self._held_batches += point.batches
+      self._held_requests += size
+    queued = point.queued()
+    self._recent.append((now, queued, scrape.running))
+    warm = scrape.finished is None or (
+        scrape.finished > 0 and scrape.finished >= scrape.running)
+    if warm and last is not None and self._saturated(last, point):
+      ends = [last.served(), point.served()]
+      served = [end for end in ends if end is not None]
+      if served:
+        self._samples.append((now, sum(served) / len(served)))
+        self._new_samples = True
+        self._measured_at = now
+    elif warm and self._queue_saturated(point):
+      served_now = point.served()
+      if served_now is not None:
+        self._samples.append((now, served_now))
+        self._new_samples = True
+        self._measured_at = now
+    elif point.batches and not queued:
+      self._note_load(now, point.batches)
+
+  def value(self, now: float) -> Optional[int]:
+    """The value to publish at now: the measured capacity times the target
+    utilization, or an estimate, at most the batches the worker can have in
+    flight; None when there is none yet (why_none says why)."""
+    changed = self._expire(now)
+    if changed and self._samples:
+      median = statistics.median(s for _, s in self._samples)
+      if (self._capacity is None or
+          abs(median - self._capacity) > _STABILITY * self._capacity):
+        self._capacity = median
+      self._measured = self._capacity
+    elif (self._capacity is not None and
+          now - self._measured_at > self._config.hold_secs):
+      self._note(
+          'no saturated scrape for %s s: it estimates the capacity again '
+          'until it measures' % self._config.hold_secs)
+      self._capacity = None
+    if self._capacity is not None:
+      value: Optional[float] = (
+          self._capacity * self._config.target_utilization)
+    else:
+      value = self._estimate(now)
+    if value is None:
+      return None
+    senders = self._config.max_batches_in_flight
+    if senders is not None:
+      value = min(value, senders)
+    self._answered, self._why = True, None
+    return max(1, int(value + 0.5))
+
+  def _note(self, note: str) -> None:
+    if note not in self._notes:
+      self._notes.append(note)
+
+  def _expire(self, now: float) -> bool:
+    """Forgets the samples older than the window, the loads, sizes and
+    durations older than the hold, and the batches taken as lost;
+    returns whether the samples changed since the last call."""
+    changed, self._new_samples = self._new_samples, False
+    cutoff = now - self._config.window_secs
+    while self._samples and self._samples[0][0] < cutoff:
+      self._samples.popleft()
+      changed = True
+    cutoff = now - self._config.hold_secs
+    while self._loads and self._loads[0][0] < cutoff:
+      self._loads.popleft()
+    while self._sizes and self._sizes[0][0] < cutoff:
+      _, batches, held = self._sizes.popleft()
+      self._held_batches -= batches
+      self._held_requests -= held
+    while self._durations and self._durations[0][0] < cutoff:
+      self._durations.popleft()
+    cutoff = now - self._config.saturated_queue_secs
+    while len(self._recent) > 1 and self._recent[0][0] < cutoff:
+      self._recent.popleft()
+    if self._durations:
+      limit = max(_MIN_EXPIRY_SECS, _EXPIRY_FACTOR * self._durations[0][1])
+      # The batches in flight, oldest first.
+      lost = list(
+          itertools.takewhile(
+              lambda item: now - item[1][0] > limit, self._in_flight.items()))
+      for batch, (_, requests) in lost:
+        del self._in_flight[batch]
+        self._requests_in_flight -= requests
+      if lost:
+        self._note(
+            '%d batch(es) in flight for more than %d s are taken as lost' %
+            (len(lost), limit))
+    return changed
+
+  def _queue_saturated(self, point: _Point) -> bool:
+    """Whether the server queued at point, at half the scrapes of the last
+    saturated_queue_secs and in both halves of that span, with a steady
+    running count."""
+    span = self._config.saturated_queue_secs
+    if not point.queued() or point.time - self._first_scrape < span:
+      return False
+    recent = [r for r in self._recent if r[0] >= point.time - span]
+    queued = [r for r in recent if r[1]]
+    if len(queued) < _QUEUED_SHARE * len(recent):
+      return False
+    middle = point.time - span / 2
+    early = [running for t, _, running in queued if t < middle]
+    late = [running for t, _, running in queued if t >= middle]
+    return bool(early) and max(late) <= _PLATEAU * min(early)
+
+  def _saturated(self, first: _Point, second: _Point) -> bool:
+    """Whether the interval between two scrapes was saturated by the cache
+    or preemptions."""
+    a, b = first.scrape, second.scrape
+    threshold = self._config.saturated_cache_usage
+    if (a.cache_usage is not None and b.cache_usage is not None and
+        min(a.cache_usage, b.cache_usage) >= threshold):
+      return True
+    return (
+        a.preemptions is not None and b.preemptions is not None and
+        b.preemptions > a.preemptions)
+
+  def _note_load(self, now: float, batches: int) -> None:
+    """Notes that the server served batches without queueing."""
+    loads = self._loads
+    if not loads or batches > loads[0][1]:
+      self._load_rose_at = now
+    while loads and loads[-1][1] <= batches:
+      loads.pop()
+    loads.append((now, batches))
+
+  def _prior(self) -> Optional[float]:
+    """The most batches the server can serve at once by its configuration:
+    max_running_requests over the requests it holds per batch in flight."""
+    limit = self._config.max_running_requests
+    if limit is None:
+      return None
+    if self._held_batches:
+      size = self._held_requests / self._held_batches
+    else:
+      batches, requests = self._batches_sent, self._requests_sent
+      size = requests / batches if batches else 0
+    return limit / size if size > 0 else None
+
+  def _estimate(self, now: float) -> Optional[float]:
+    """The capacity while none is measured: between the most batches served
+    without queueing and the prior, at most twice the former (and twice what
+    was measured last), or None."""
+    if not self._loads:
+      self._why = (
+          'no batches in flight'
+          if not self._in_flight else 'no scrape with batches in flight that '
+          'did not queue yet')
+      return None
+    load = self._loads[0][1]
+    if not self._answered and now - self._load_rose_at < (
+        self._config.settle_secs):
+      self._why = (
+          'the load is still growing (to %d batches in flight); it answers '
+          'once it has not grown for %s s' % (load, self._config.settle_secs))
+      return None
+    prior = self._prior()
+    if prior is None:
+      value = _PROBE_WITHOUT_PRIOR * load
+    else:
+      value = _PROBE * load
+      if load * _FAR_BELOW < prior:
+        value = max(value, math.sqrt(load * prior))
+      value = min(prior, value)
+    if self._measured is not None:
+      value = min(value, 2 * self._measured)
+    return value
+
+
+def _check_batch(num_requests: Any) -> None:
+  if isinstance(num_requests, bool) or not isinstance(num_requests, int):
+    raise TypeError(f'num_requests must be an int, got {num_requests!r}.')
+  if num_requests < 0:
+    raise ValueError(
+        f'num_requests must not be negative, got {num_requests!r}.')
 
 
 def _read_samples(text: str, prefixes: tuple) -> dict[str, list[float]]:
@@ -257,61 +715,29 @@ def _read_samples(text: str, prefixes: tuple) -> dict[str, list[float]]:
 class PrometheusNumLoadedModelsPublisher:
   """Publishes how many batches an inference server can serve at once.
 
-  A background thread scrapes the server's Prometheus metrics at
-  ``metrics_url`` every ``config.poll_interval_secs`` and publishes to the
-  process-wide distribution ``num_loaded_models_<tag>`` in the namespace
-  ``BeamML_ModelManager``, where RunInference's model manager publishes how
-  many models a worker has loaded, at every poll.
+  A thin loop around a CapacityEstimator: a background thread scrapes the
+  server's Prometheus metrics at ``metrics_url`` every
+  ``config.poll_interval_secs``, tells the estimator what it read, and
+  publishes the estimator's value to the process-wide distribution
+  ``num_loaded_models_<tag>`` in the namespace ``BeamML_ModelManager``,
+  where RunInference's model manager publishes how many models a worker has
+  loaded, at every poll (see the module docstring for the statistic a
+  runner should read). The client tells it the batches it sends
+  (``batch_started``, ``batch_finished``).
 
-  What it publishes is capacity, not load, and it measures it only while
-  the server is saturated, when its running count is what it can run rather
-  than what it is given. An interval between two scrapes is saturated when
-  the server's cache usage is at least ``config.saturated_cache_usage`` at
-  both ends, or it preempted requests in between, or requests of at least
-  two of the batches in flight have waited at every scrape for
-  ``config.saturated_queue_secs`` while its running count stayed within
-  10%. Two batches, because a server prefilling long prompts makes the
-  requests of the batch it is taking in wait for each other however idle
-  it is; a steady running count, because a server still taking in a load
-  that arrived at once also has a queue for a while. With
-  ``metric_names.finished``, the server is measured only once it has
-  finished as many requests as it runs.
-
-  The batches come from the client's own count of the batches in flight
-  (``batch_started`` less ``batch_finished``) and of their requests: the
-  requests waiting at a saturated server are whole batches behind the ones
-  it serves, so it serves ``batches * (1 - waiting / requests)`` batches at
-  once (the mean over both ends is one sample). Counting the batches in
-  flight counts a batch whose last requests still run, as RunInference
-  waits for all of them, where dividing the running count by the size of
-  the batches sent would not. The capacity is the median of the samples of
-  the last ``config.window_secs``; it moves only when that median differs
-  from it by more than 10%. Once no interval is saturated (the load fell,
-  the server idles or restarted), it is held for ``config.hold_secs``.
-
-  Before the first measurement the publisher estimates the capacity from
-  above and from below. From above, its prior: ``max_running_requests``
-  over the requests the server holds per batch in flight (over the hold;
-  the mean size of the batches sent before the server held any). From
-  below, the most batches it has had in flight without
-  saturating during the hold, ``load``: it serves at least that many. It
-  publishes ``min(prior, max(1.5 * load, sqrt(load * prior)))``, or
-  ``2 * load`` without a prior: in a pool that has never saturated, each
-  autoscaling decision then shrinks the pool until its servers saturate,
-  which measures them, without a worker offering more than twice what it
-  has served. It publishes nothing before its load has stopped growing for
-  ``config.settle_secs``, nor without load: never 1 for "unknown". After the
-  hold it estimates again, offering at most twice the capacity it measured.
-
-  The published value is the capacity times ``config.target_utilization``,
-  rounded, and at least 1. A scrape that fails (unreachable server, an HTTP
-  error, a page larger than 2 MiB, text that does not parse, a metric that
-  is missing, not finite or negative) is logged and changes nothing:
-  polling goes on and the last value is published again. A counter that
-  goes down was reset. ``set_metrics_url`` points the publisher at a
-  restarted server and keeps what it measured. ``stop()`` publishes 0 and
-  ends the thread within 2 seconds, whatever the server does; so does the
-  collection of ``owner``, without waiting.
+  A scrape that fails (unreachable server, an HTTP error, a page larger
+  than 2 MiB or slower than a poll interval, 1 to 4 s, in all, text that
+  does not parse, a metric that is missing, not finite or negative) is
+  logged and tells the estimator nothing: polling goes on and the
+  estimator's value is published again. So is a poll that has nothing to
+  publish, with the reason. A
+  counter that goes down was reset. ``set_metrics_url`` points the
+  publisher at a restarted server and keeps what it measured. ``stop()``
+  publishes 0 and ends the thread within 2 seconds, whatever the server
+  does; so does the collection of ``owner``, without waiting. A scrape that
+  fails once ``alive`` says the server has exited ends the thread without
+  publishing 0, since a restarted server's publisher may take over the
+  estimator.
 
   Args:
     metrics_url: the server's Prometheus text endpoint, e.g.
@@ -328,6 +754,10 @@ class PrometheusNumLoadedModelsPublisher:
     counters_namespace: the namespace of those counters; required with them.
     owner: optional. An object whose collection stops the publisher. The
       publisher holds only a weak reference to it.
+    alive: optional. Says whether the server still runs; a scrape that fails
+      when it says False ends the polling thread.
+    estimator: optional. The CapacityEstimator to feed, e.g. that of a
+      publisher of the same server that stopped; a new one by default.
     clock: optional. Returns the time in seconds; time.monotonic by
       default. For tests, with ``fetch``.
     fetch: optional. Returns the text at a URL; an HTTP GET with the limits
@@ -343,6 +773,8 @@ class PrometheusNumLoadedModelsPublisher:
       counters: Optional[Mapping[str, str]] = None,
       counters_namespace: Optional[str] = None,
       owner: Optional[object] = None,
+      alive: Optional[Callable[[], bool]] = None,
+      estimator: Optional[CapacityEstimator] = None,
       clock: Callable[[], float] = time.monotonic,
       fetch: Optional[Callable[[str], str]] = None):
     _check_name('metrics_url', metrics_url)
@@ -350,8 +782,11 @@ class PrometheusNumLoadedModelsPublisher:
     if not isinstance(metric_names, ServerMetricNames):
       raise TypeError(
           f'metric_names must be a ServerMetricNames, got {metric_names!r}.')
+    if estimator is not None and not isinstance(estimator, CapacityEstimator):
+      raise TypeError(
+          f'estimator must be a CapacityEstimator, got {estimator!r}.')
     if config is None:
-      config = AutoscalingConfig()
+      config = estimator.config if estimator else AutoscalingConfig()
     if not isinstance(config, AutoscalingConfig):
       raise TypeError(f'config must be an AutoscalingConfig, got {config!r}.')
     counters = counters or {}
@@ -366,9 +801,16 @@ class PrometheusNumLoadedModelsPublisher:
     self._tag = tag
     self._names = metric_names
     self._config = config
+    if estimator is not None:
+      # What it measured is kept; the server it scrapes is new.
+      estimator.server_restarted()
+    self._estimator = estimator or CapacityEstimator(config)
+    self._alive = alive
     self._clock = clock
     self._fetch = fetch or self._http_get
     self._timeout = min(config.poll_interval_secs, _MAX_SOCKET_TIMEOUT_SECS)
+    self._scrape_limit = min(
+        max(config.poll_interval_secs, _MIN_SCRAPE_SECS), _MAX_SCRAPE_SECS)
     self._distribution = Metrics.distribution(
         NUM_LOADED_MODELS_NAMESPACE,
         num_loaded_models_name(tag),
@@ -389,43 +831,25 @@ class PrometheusNumLoadedModelsPublisher:
     self._line_prefixes = tuple(
         name + end for name in wanted for end in ('{', ' '))
     self._counter_values: dict[str, float] = {}
+    # Guards the estimator, which the client's threads tell their batches.
     self._lock = threading.Lock()
-    # Guarded by _lock: the batches and requests in flight, and those sent.
-    self._batches_in_flight = 0
-    self._requests_in_flight = 0
-    self._batches_sent = 0
-    self._requests_sent = 0
     # The socket of the scrape in progress, which stop() may cut.
     self._socket: Optional[socket.socket] = None
     self._aborted = False
-    # The polling thread's own state.
-    self._last: Optional[_Scrape] = None
-    # (time, running) of the scrapes since they began to find the server
-    # queueing, every time.
-    self._queued: collections.deque = collections.deque()
-    # (time, batches the server served at once) of the saturated intervals
-    # of the window.
-    self._samples: collections.deque = collections.deque()
-    self._new_samples = False
-    # (time, batches in flight, requests the server held) of the scrapes of
-    # the hold with batches in flight, and their sums.
-    self._sizes: collections.deque = collections.deque()
-    self._held_batches = 0
-    self._held_requests = 0.0
-    # (time, batches in flight) of the unsaturated scrapes of the hold, each
-    # more than any after it: the first is the most of the hold.
-    self._loads: collections.deque = collections.deque()
-    self._load_rose_at = -math.inf
-    self._capacity: Optional[float] = None
-    self._measured: Optional[float] = None
-    self._measured_at = -math.inf
     self._problem: Optional[str] = None
+    self._why: Optional[str] = None
     self._value: Optional[int] = None
     self._stopping = threading.Event()
     self._thread: Optional[threading.Thread] = None
     self._finalizer = (
         weakref.finalize(owner, self._stopping.set)
         if owner is not None else None)
+
+  @property
+  def estimator(self) -> CapacityEstimator:
+    """The estimator it feeds, which a publisher that replaces it may take
+    over."""
+    return self._estimator
 
   @property
   def value(self) -> Optional[int]:
@@ -437,30 +861,18 @@ class PrometheusNumLoadedModelsPublisher:
     """Whether the polling thread runs."""
     return self._thread is not None and self._thread.is_alive()
 
-  def batch_started(self, num_requests: int) -> None:
-    """Notes that a batch of num_requests requests was sent to the server."""
-    self._check_batch(num_requests)
+  def batch_started(self, num_requests: int) -> int:
+    """Notes that a batch of num_requests requests was sent to the server;
+    returns its id for batch_finished."""
+    _check_batch(num_requests)
     with self._lock:
-      self._batches_in_flight += 1
-      self._requests_in_flight += num_requests
-      self._batches_sent += 1
-      self._requests_sent += num_requests
+      return self._estimator.batch_started(self._clock(), num_requests)
 
-  def batch_finished(self, num_requests: int) -> None:
-    """Notes that a batch sent with batch_started got all its responses, or
-    failed."""
-    self._check_batch(num_requests)
+  def batch_finished(self, batch: int) -> None:
+    """Notes that the batch batch_started answered got all its responses,
+    or failed."""
     with self._lock:
-      self._batches_in_flight = max(0, self._batches_in_flight - 1)
-      self._requests_in_flight = max(0, self._requests_in_flight - num_requests)
-
-  @staticmethod
-  def _check_batch(num_requests: int) -> None:
-    if isinstance(num_requests, bool) or not isinstance(num_requests, int):
-      raise TypeError(f'num_requests must be an int, got {num_requests!r}.')
-    if num_requests < 0:
-      raise ValueError(
-          f'num_requests must not be negative, got {num_requests!r}.')
+      self._estimator.batch_finished(self._clock(), batch)
 
   def set_metrics_url(self, metrics_url: str) -> None:
     """Points the publisher at a restarted server. What it measured is kept;
@@ -496,109 +908,62 @@ class PrometheusNumLoadedModelsPublisher:
       # The server is slow to answer: cut the connection the thread waits on.
       with self._lock:
         self._aborted = True
-        sock = self._socket
-      if sock is not None:
-        try:
-          sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-          pass
+      self._cut()
       thread.join(_STOP_JOIN_SECS)
 
-  def _run(self) -> None:
-    while True:
+  def _cut(self) -> None:
+    """Cuts the connection of the scrape in progress, if any."""
+    with self._lock:
+      sock = self._socket
+    if sock is not None:
       try:
-        self._poll()
+        sock.shutdown(socket.SHUT_RDWR)
+      except OSError:
+        pass
+
+  def _run(self) -> None:
+    exited = False
+    while not exited:
+      try:
+        exited = not self._poll()
       except Exception:  # pylint: disable=broad-except
         _LOGGER.exception('Publisher %s failed to poll.', self._tag)
-      if self._stopping.wait(self._config.poll_interval_secs):
+      if exited:
+        # Not 0: a restarted server's publisher takes over the estimator
+        # and its value.
+        _LOGGER.info('Publisher %s stops: its server has exited.', self._tag)
+      elif self._stopping.wait(self._config.poll_interval_secs):
+        try:
+          # Counter increases since the last poll, e.g. of the last batches.
+          self._scrape()
+        except Exception:  # pylint: disable=broad-except
+          _LOGGER.exception('Publisher %s failed to poll.', self._tag)
+        self._publish(0)
         break
-    try:
-      # Counter increases since the last poll, e.g. of the last batches.
-      self._scrape()
-    except Exception:  # pylint: disable=broad-except
-      _LOGGER.exception('Publisher %s failed to poll.', self._tag)
-    self._publish(0)
 
-  def _poll(self) -> None:
-    """Scrapes the server once and publishes the current value."""
-    now = self._scrape()
-    if now is None:
-      now = self._clock()
-    if self._expire(now) and self._samples:
-      median = statistics.median(s for _, s in self._samples)
-      if (self._capacity is None or
-          abs(median - self._capacity) > _STABILITY * self._capacity):
-        self._capacity = median
-      self._measured = self._capacity
-    elif (self._capacity is not None and
-          now - self._measured_at > self._config.hold_secs):
-      _LOGGER.info(
-          'Publisher %s saw no saturated interval for %s s; it estimates '
-          'the capacity again until it measures.',
-          self._tag,
-          self._config.hold_secs)
-      self._capacity = None
-    capacity = self._capacity
-    if capacity is None:
-      capacity = self._estimate()
-    if capacity is not None and math.isfinite(capacity):
-      self._publish(
-          max(1, int(capacity * self._config.target_utilization + 0.5)))
-
-  def _expire(self, now: float) -> bool:
-    """Forgets the samples older than the window, and the loads and sizes
-    older than the hold; returns whether the samples changed since the last
-    call."""
-    changed, self._new_samples = self._new_samples, False
-    cutoff = now - self._config.window_secs
-    while self._samples and self._samples[0][0] < cutoff:
-      self._samples.popleft()
-      changed = True
-    cutoff = now - self._config.hold_secs
-    while self._loads and self._loads[0][0] < cutoff:
-      self._loads.popleft()
-    while self._sizes and self._sizes[0][0] < cutoff:
-      _, batches, held = self._sizes.popleft()
-      self._held_batches -= batches
-      self._held_requests -= held
-    return changed
-
-  def _prior(self) -> Optional[float]:
-    """The most batches the server can serve at once by its configuration:
-    max_running_requests over the requests it holds per batch in flight."""
-    limit = self._config.max_running_requests
-    if limit is None:
-      return None
-    if self._held_batches:
-      size = self._held_requests / self._held_batches
-    else:
-      with self._lock:
-        batches, requests = self._batches_sent, self._requests_sent
-      size = requests / batches if batches else 0
-    return limit / size if size > 0 else None
-
-  def _estimate(self) -> Optional[float]:
-    """The capacity to publish while none is measured: between the most
-    batches served without queueing and the prior, at most twice the former
-    (and twice what was measured last), or None."""
-    if not self._loads:
-      return None
-    now, load = self._loads[-1][0], self._loads[0][1]
-    if self._value is None and now - self._load_rose_at < (
-        self._config.settle_secs):
-      return None
-    prior = self._prior()
-    if prior is None:
-      value = _PROBE_WITHOUT_PRIOR * load
-    else:
-      value = min(prior, max(_PROBE * load, math.sqrt(load * prior)))
-    if self._measured is not None:
-      value = min(value, 2 * self._measured)
-    return value
+  def _poll(self) -> bool:
+    """Scrapes the server once and publishes the current value; returns
+    False when the scrape failed and the server has exited."""
+    scraped = self._scrape()
+    if not scraped and self._alive is not None and not self._alive():
+      return False
+    with self._lock:
+      estimator = self._estimator
+      value = estimator.value(self._clock())
+      notes = estimator.pop_notes()
+      why = estimator.why_none
+    for note in notes:
+      _LOGGER.info('Publisher %s: %s.', self._tag, note)
+    if why != self._why and why is not None:
+      _LOGGER.info('Publisher %s has nothing to publish: %s.', self._tag, why)
+    self._why = why
+    if value is not None:
+      self._publish(value)
+    return True
 
   def _http_get(self, url: str) -> str:
-    """GETs url with a bounded page size and socket operations that stop()
-    can cut, connecting included."""
+    """GETs url with a bounded page size, time in all, and socket
+    operations that stop() can cut, connecting included."""
     parts = urllib.parse.urlsplit(url)
     path = parts.path or '/'
     if parts.query:
@@ -606,6 +971,11 @@ class PrometheusNumLoadedModelsPublisher:
     host = parts.hostname or 'localhost'
     connection = http.client.HTTPConnection(
         host, parts.port, timeout=self._timeout)
+    # A server that trickles its headers or page is cut at the limit.
+    timer = threading.Timer(self._scrape_limit, self._cut)
+    timer.daemon = True
+    started = time.monotonic()
+    timer.start()
     try:
       connection.sock = self._connect(host, parts.port or 80)
       connection.request('GET', path)
@@ -613,7 +983,6 @@ class PrometheusNumLoadedModelsPublisher:
       if response.status != 200:
         raise IOError(f'HTTP status {response.status} {response.reason}')
       chunks, size = [], 0
-      deadline = time.monotonic() + self._config.poll_interval_secs
       while True:
         chunk = response.read1(1 << 16)
         if not chunk:
@@ -621,13 +990,19 @@ class PrometheusNumLoadedModelsPublisher:
         size += len(chunk)
         if size > _MAX_PAGE_BYTES:
           raise ValueError(f'the page is larger than {_MAX_PAGE_BYTES} bytes')
-        if time.monotonic() > deadline:
-          raise TimeoutError('the page took longer than a poll interval')
         chunks.append(chunk)
+    except (OSError, http.client.HTTPException) as e:
+      if time.monotonic() - started >= self._scrape_limit:
+        raise TimeoutError(
+            f'the scrape took longer than {self._scrape_limit} s') from e
+      raise
     finally:
+      timer.cancel()
       with self._lock:
         self._socket = None
       connection.close()
+    if time.monotonic() - started >= self._scrape_limit:
+      raise TimeoutError(f'the scrape took longer than {self._scrape_limit} s')
     return b''.join(chunks).decode('utf-8', errors='replace')
 
   def _connect(self, host: str, port: int) -> socket.socket:
@@ -655,31 +1030,33 @@ class PrometheusNumLoadedModelsPublisher:
         error = e
     raise error or OSError(f'cannot resolve {host!r}')
 
-  def _scrape(self) -> Optional[float]:
-    """Fetches and reads the server's metrics; returns the scrape's time, or
-    None when it failed."""
+  def _scrape(self) -> bool:
+    """Fetches and reads the server's metrics and tells the estimator;
+    returns whether it could."""
     with self._lock:
       url = self._url
     try:
       text = self._fetch(url)
-      now = self._clock()
       values = _read_samples(text, self._line_prefixes)
     except Exception as e:  # pylint: disable=broad-except
       self._report(f'cannot read {url}: {e!r}')
-      return None
+      return False
     with self._lock:
       if url != self._url:
-        return None
+        return False
       restarted = url != self._scraped_url
       self._scraped_url = url
-    if restarted:
-      # A new server: nothing spans the restart, its counters start at 0.
-      self._last = None
-      self._counter_values = {}
+      if restarted:
+        # A new server: nothing spans the restart, its counters start at 0.
+        self._estimator.server_restarted()
+        self._counter_values = {}
     self._read_counters(values)
-    problem = self._observe(now, values)
+    scrape, problem = self._read_scrape(values)
+    if scrape is not None:
+      with self._lock:
+        self._estimator.observe(self._clock(), scrape)
     self._report(f'{url}: {problem}' if problem else None)
-    return now
+    return scrape is not None
 
   def _read_counters(self, values: Mapping[str, list[float]]) -> None:
     for source, counter in self._counters.items():
@@ -693,81 +1070,34 @@ class PrometheusNumLoadedModelsPublisher:
       if increase > 0:
         counter.inc(int(round(increase)))
 
-  def _observe(self, now: float, values: Mapping[str,
-                                                 list[float]]) -> Optional[str]:
-    """Adds a sample when the interval since the last scrape was saturated,
-    and notes the load otherwise; returns what is wrong with the metrics, if
-    anything."""
+  def _read_scrape(
+      self, values: Mapping[str, list[float]]
+  ) -> tuple[Optional[ServerScrape], Optional[str]]:
+    """The scrape the samples make, or None, and what is wrong with them."""
     names = self._names
     running = _total(values.get(names.running))
     waiting = _total(values.get(names.waiting))
-    cache_usage = preemptions = None
-    if names.cache_usage:
-      usage = values.get(names.cache_usage)
-      cache_usage = max(usage) if usage and _total(usage) is not None else None
-    if names.preemptions:
-      preemptions = _total(values.get(names.preemptions))
-    last, self._last = self._last, None
     if running is None or waiting is None:
       bad = [
           name for name, value in ((names.running, running),
                                    (names.waiting, waiting)) if value is None
       ]
-      return f'no finite, non-negative {" or ".join(bad)}'
-    with self._lock:
-      batches, requests = self._batches_in_flight, self._requests_in_flight
-    current = _Scrape(
-        now, running, waiting, cache_usage, preemptions, batches, requests)
-    self._last = current
-    if last is None or not _queued(current):
-      self._queued.clear()
-    if _queued(current):
-      self._queued.append((now, running))
-    if batches and running + waiting:
-      self._sizes.append((now, batches, running + waiting))
-      self._held_batches += batches
-      self._held_requests += running + waiting
-    if last is None or current.time <= last.time:
-      return None
-    warm = True
+      return None, f'no finite, non-negative {" or ".join(bad)}'
+    cache_usage = preemptions = finished = None
+    if names.cache_usage:
+      usage = values.get(names.cache_usage)
+      cache_usage = max(usage) if usage and _total(usage) is not None else None
+    if names.preemptions:
+      preemptions = _total(values.get(names.preemptions))
+    problem = None
     if names.finished:
       finished = _total(values.get(names.finished))
-      warm = finished is not None and finished > 0 and finished >= running
-    if warm and self._saturated(last, current):
-      ends = [_served(end) for end in (last, current)]
-      served = [end for end in ends if end is not None]
-      if served:
-        self._samples.append((now, sum(served) / len(served)))
-        self._new_samples = True
-        self._measured_at = now
-    elif batches and not _queued(current):
-      self._note_load(now, batches)
-    return None
-
-  def _note_load(self, now: float, batches: int) -> None:
-    """Notes that the server served batches without queueing."""
-    loads = self._loads
-    if not loads or batches > loads[0][1]:
-      self._load_rose_at = now
-    while loads and loads[-1][1] <= batches:
-      loads.pop()
-    loads.append((now, batches))
-
-  def _saturated(self, first: _Scrape, second: _Scrape) -> bool:
-    threshold = self._config.saturated_cache_usage
-    if (first.cache_usage is not None and second.cache_usage is not None and
-        min(first.cache_usage, second.cache_usage) >= threshold):
-      return True
-    if (first.preemptions is not None and second.preemptions is not None and
-        second.preemptions > first.preemptions):
-      return True
-    queued = self._queued
-    span = self._config.saturated_queue_secs
-    if not queued or second.time - queued[0][0] < span:
-      return False
-    while len(queued) > 1 and second.time - queued[1][0] >= span:
-      queued.popleft()
-    return second.running <= _PLATEAU * queued[0][1]
+      if finished is None:
+        problem = (
+            f'no finite, non-negative {names.finished}: it measures without '
+            'waiting for the server to finish as many requests as it runs')
+    return ServerScrape(
+        running, waiting, cache_usage, preemptions, finished), problem
 
   def _publish(self, value: int) -> None:
     self._value = value
@@ -783,23 +1113,6 @@ class PrometheusNumLoadedModelsPublisher:
     else:
       _LOGGER.warning('Publisher %s: %s; it keeps polling.', self._tag, problem)
     self._problem = problem
-
-
-def _queued(scrape: _Scrape) -> bool:
-  """Whether requests of two batches in flight, or more, wait."""
-  return bool(
-      scrape.batches and
-      scrape.waiting * scrape.batches >= _QUEUED_BATCHES * scrape.requests)
-
-
-def _served(scrape: _Scrape) -> Optional[float]:
-  """The batches a saturated server serves at once: those in flight less the
-  whole batches whose requests wait (as many as the waiting requests over the
-  requests per batch in flight)."""
-  if not scrape.batches or not scrape.requests or not scrape.running:
-    return None
-  served = scrape.batches * (1 - scrape.waiting / scrape.requests)
-  return served if served > 0 else None
 
 
 def _total(values: Optional[list[float]]) -> Optional[float]:
