@@ -251,8 +251,10 @@ class PrefixBatchingConfig:
       at a time, which caps a prefix shared by most of the traffic at one
       worker's throughput; more shards spread such a prefix over more
       workers, each of which computes the prefix once. Defaults to
-      AdaptiveNumShards(), which gives each prefix shards by its measured
-      rate: one while it is quiet, more the busier it is.
+      AdaptiveNumShards(), which measures each prefix's rate: prefixes too
+      quiet to fill batches of their own share batches (a recurring one on
+      the same worker), and busier ones get batches of their own, on more
+      shards the busier they are, one shard at a time, in runs.
     prefix_char_len: the longest key text, in characters, for the default
       extractor. Defaults to DEFAULT_PREFIX_CHAR_LEN.
     prefix_delimiters: the delimiters of the default extractor, for example
