@@ -371,12 +371,16 @@ def batching_dofn(design: str, clock: FakeClock):
     raise ValueError(f'design must be one of {DESIGNS}, got {design!r}')
   estimator = util._BatchSizeEstimator(
       min_batch_size=MIN_BATCH_SIZE, max_batch_size=MAX_BATCH_SIZE, clock=clock)
-  return util._pardo_stateful_batch_elements(
+  # 0004's keyed DoFn (per_step) has a factory of its own; the per-key
+  # designs are 2.77.0's stateful DoFn, which learns per key.
+  factory = (
+      util._keyed_batch_elements_dofn
+      if design == 'per_step' else util._pardo_stateful_batch_elements)
+  return factory(
       coders.registry.get_coder(typing.Tuple[str, float]),
       estimator,
       BUFFERING_SECS,
-      clock,
-      keyed=design == 'per_step')
+      clock)
 
 
 def _key(element):
