@@ -24,6 +24,10 @@ runs (the Pythons tox finds come from toxfile.py, for both).
 Each non-test module of this repository's tooling (scripts/) and benchmark
 (bench/) fits in 600 lines: one that grows past them holds more than one
 concern, and is split.
+
+Each pull request description (patches/pull-requests/*.md) has at most 500
+words of prose, as a Beam reviewer reads it: its title, headings, code
+blocks, tables, generated figure blocks and <details> blocks do not count.
 """
 
 import re
@@ -32,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The most lines a non-test module of scripts/ or bench/ may have.
 MODULE_LINES = 600
+# The most words of prose a pull request description may have.
+DESCRIPTION_WORDS = 500
 
 
 def readme_test_command(readme: str) -> str:
@@ -136,3 +142,46 @@ def test_a_module_past_the_limit_is_named(tmp_path):
       'tool/big.py: 601 lines',
       'tool/pkg/deep.py: 700 lines',
   ]
+
+
+def prose_words(description: str) -> int:
+  """The words of a pull request description that a reader reads as prose:
+  not its title, headings, code blocks, tables, HTML comments (the figure
+  blocks' markers among them), generated figure blocks or <details>."""
+  text = re.sub(r'```.*?```', '', description, flags=re.S)
+  text = re.sub(r'<details>.*?</details>', '', text, flags=re.S)
+  text = re.sub(r'<!-- (bench:[\w-]+) -->.*?<!-- /\1 -->', '', text, flags=re.S)
+  text = re.sub(r'<!--.*?-->', '', text, flags=re.S)
+  return sum(
+      len(line.split()) for line in text.splitlines()
+      if not line.lstrip().startswith(('|', '#')))
+
+
+def test_every_pull_request_description_has_at_most_500_words_of_prose():
+  long = {
+      path.name: words
+      for path in sorted((ROOT / 'patches' / 'pull-requests').glob('*.md'))
+      if (words := prose_words(path.read_text())) > DESCRIPTION_WORDS
+  }
+  assert not long, f'more than {DESCRIPTION_WORDS} words of prose: {long}'
+
+
+def test_prose_words_leave_out_what_is_not_prose():
+  description = '\n'.join([
+      '# A title of five words',
+      'One two three.',
+      '## A heading',
+      '```python',
+      'code = not + prose',
+      '```',
+      '| a | table |',
+      '<!-- bench:pr-x -->',
+      'generated figures here',
+      '<!-- /bench:pr-x -->',
+      '<details><summary>script</summary>',
+      'hidden words',
+      '</details>',
+      'Four more words here.',
+  ])
+  assert prose_words(description) == 7
+  assert prose_words('word ' * (DESCRIPTION_WORDS + 1)) > DESCRIPTION_WORDS
