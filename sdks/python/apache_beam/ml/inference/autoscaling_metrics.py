@@ -207,7 +207,10 @@ class AutoscalingConfig:
       share the server. The value is never more than that, since a worker
       cannot use more: a server that a worker's senders never saturate is
       never measured, and its estimate would stay above them. Not a count
-      of the senders seen, which would follow the load.
+      of the senders seen, which would follow the load. The vLLM handlers
+      set it, when it is not given, from the pipeline options when they
+      bound both (apache_beam.ml.inference.base.worker_senders); when they
+      do not, the value has no such cap.
     saturated_cache_usage: in (0, 1]. An interval between two scrapes is
       saturated when the server's cache usage is at least this at both ends.
     saturated_queue_secs: a scrape is saturated when requests of at least
