@@ -956,8 +956,7 @@ class ClosedLoopMatrixTest(_ClosedLoopChecks):
     self.assertAlmostEqual(truth['prior_2x_high'] * 2, 256 / BATCH, delta=2)
     self.assertGreater(truth['stragglers'], 1.5 * 128 / BATCH)
     self.assertEqual(
-        (senders(CASES['senders_12']), senders(CASES['senders_24'])),
-        (12, 24))
+        (senders(CASES['senders_12']), senders(CASES['senders_24'])), (12, 24))
     for name in ('senders_12', 'senders_24'):
       self.assertGreater(truth[name], senders(CASES[name]))
     # Lockstep, 20 batches on a server of 16: the queue drains for the
