@@ -793,12 +793,8 @@ EVENTS = ((600, 0), (600, 1.5), (900, 2 / 48), (900, 1))
 STATISTICS = ('last', 'mean', 'min')
 
 # How long a pool may take to reach its size: 10 minutes, new workers' start
-# included, except where it was measured to take longer: under the windowed
-# min, a pool shrinks by the least estimate, which the tick after each
-# shrink still holds (12 min from 48 workers with stragglers, and from 16
-# where max-num-seqs bounds the server).
+# included, in every case.
 REACH_SECS = 600
-SLOWER = {('stragglers', 'min', 48): 720, ('max_num_seqs', 'min', 16): 720}
 
 
 def tolerance(workers):
@@ -827,7 +823,7 @@ class _ClosedLoopChecks(unittest.TestCase):
     target = math.ceil(demand / (utilization * truth))
     loop = ClosedLoop(
         case, start, truth, seed=start, statistic=statistic, **kwargs)
-    reach = SLOWER.get((name, statistic, start), REACH_SECS)
+    reach = REACH_SECS
     loop.run(reach, threads=demand)
     reached = [t for t, _, n in loop.ticks if n == target]
     self.assertTrue(reached, (target, loop.ticks))
@@ -1031,9 +1027,11 @@ class ClosedLoopMatrixTest(_ClosedLoopChecks):
         changes = sum(a != b for a, b in zip(steady, steady[1:]))
         self.assertLessEqual(max(abs(n - target) for n in steady), 1)
         # At most 5 an hour (the first version: 32 in 2 h 40 min; here 2 to
-        # 14 in 3 h): a worker that joins a pool near its size offers 1.5
+        # 14 in 3 h): a worker that joins a pool near its size offers 1.75
         # times its share, not the geometric mean of it and a prior 2.8
-        # times too high.
+        # times too high. Not yet 4 an hour: from 48 workers the measured
+        # workers read 10 batches at 97% of a server of 11.6 and the pool
+        # flips between 3 and 4.
         self.assertLessEqual(changes, 3 * 5, loop.ticks)
         self.figures[('kv_cache_2.9x', start, 'last')] = (
             '%d workers for %d: %d to %d workers, %d changes in 3 hours' %
@@ -1312,9 +1310,9 @@ class EstimatorTest(unittest.TestCase):
   def test_estimate_lies_between_the_load_and_the_prior(self):
     estimator = self.estimator(max_running_requests=256)
     # Batches of 8, held whole by the server: the prior is 32. Below a
-    # quarter of it, sqrt(load * 32); above, 1.5 times the load.
-    for batches, expected in ((1, 6), (4, 11), (7, 15), (10, 15), (20, 30),
-                              (30, 32)):
+    # quarter of it, sqrt(load * 32); above, 1.75 times the load.
+    for batches, expected in ((1, 6), (4, 11), (7, 15), (10, 18), (16, 28),
+                              (20, 32)):
       with self.subTest(batches=batches):
         self.in_flight(estimator, batches)
         self.scrape = scrape(8 * batches, 0)
@@ -1354,7 +1352,7 @@ class EstimatorTest(unittest.TestCase):
     self.poll(estimator, 24)
     self.assertIsNone(self.value)
     self.poll(estimator, 1)
-    self.assertEqual(self.value, 15)
+    self.assertEqual(self.value, 18)
 
   def test_nothing_is_published_without_load(self):
     estimator = self.estimator(max_running_requests=256)
@@ -1422,8 +1420,8 @@ class EstimatorTest(unittest.TestCase):
     self.in_flight(estimator, 10)
     self.scrape = scrape(80, 0)
     self.poll(estimator, 40)
-    # The estimate 1.5 * 10 = 15 probes as it is.
-    self.assertEqual(self.value, 15)
+    # The estimate 1.75 * 10 = 17.5 probes as it is.
+    self.assertEqual(self.value, 18)
     self.saturate(estimator)
     self.assertEqual(self.value, 8)
 
