@@ -135,14 +135,16 @@ _STABILITY = 0.1
 # the most batches it has served without queueing (and at least the
 # geometric mean of those and its prior), or, without a prior, twice as
 # many. The less it offers above what it served, the less a worker that
-# joins a measured pool pulls the pool below what it needs; 1.5 still lets
-# a pool whose prior is right shrink to it in a few decisions.
-_PROBE = 1.5
+# joins a measured pool pulls the pool below what it needs; 1.75 lets a
+# pool whose prior is right shrink to it within 10 minutes under a windowed
+# min, which holds the estimate of the tick before each shrink a tick more
+# (1.5 took 12 minutes from 16 and 48 workers).
+_PROBE = 1.75
 _PROBE_WITHOUT_PRIOR = 2
 # The geometric mean of the load and the prior is offered only while the
 # load is below this fraction of the prior: a pool far larger than it needs
 # then shrinks in a few decisions, while a worker that joins a pool near
-# its size offers only 1.5 times its share.
+# its size offers only 1.75 times its share.
 _FAR_BELOW = 4
 # A batch in flight for longer than this many times the longest batch that
 # finished over the hold, and at least _MIN_EXPIRY_SECS, is taken as lost
@@ -207,7 +209,10 @@ class AutoscalingConfig:
       share the server. The value is never more than that, since a worker
       cannot use more: a server that a worker's senders never saturate is
       never measured, and its estimate would stay above them. Not a count
-      of the senders seen, which would follow the load.
+      of the senders seen, which would follow the load. The vLLM handlers
+      set it, when it is not given, from the pipeline options when they
+      bound both (apache_beam.ml.inference.base.worker_senders); when they
+      do not, the value has no such cap.
     saturated_cache_usage: in (0, 1]. An interval between two scrapes is
       saturated when the server's cache usage is at least this at both ends.
     saturated_queue_secs: a scrape is saturated when requests of at least
@@ -375,12 +380,12 @@ class CapacityEstimator:
   ``max_running_requests`` over the requests the server holds per batch in
   flight. From below, the most batches in flight without queueing over the
   hold, ``load``: the server serves at least that many. The estimate is
-  ``min(prior, 1.5 * load)``, or ``min(prior, sqrt(load * prior))`` while
+  ``min(prior, 1.75 * load)``, or ``min(prior, sqrt(load * prior))`` while
   the load is below a quarter of the prior, or ``2 * load`` without a
   prior, and at most twice a capacity measured before: in a pool that has
   never saturated, each autoscaling decision shrinks the pool until its
   servers saturate, which measures them, quickly while it is far too
-  large; a worker that joins a pool near its size offers only 1.5 times
+  large; a worker that joins a pool near its size offers only 1.75 times
   its share, so that it does not make the pool churn. Nothing is answered
   before the load has stopped growing for ``config.settle_secs``, nor
   without load: never 1 for "unknown".
