@@ -131,6 +131,13 @@ _PLATEAU = 1.1
 # than this share, so that the noise of the samples does not move the value
 # across a worker count and back.
 _STABILITY = 0.1
+# Once the hold has passed without a saturated scrape, a measured capacity
+# is estimated again only if the server served at least this many times it
+# without queueing over the hold: the capacity grew, or was measured low.
+# A server that was simply not pushed to it (the pool is right, or the
+# load fell) keeps it: a re-estimate offers more than the load, and in a
+# pool that was right that moves the pool by a worker and back.
+_OUTGROWN = 1.25
 # Before its first measurement, an estimator offers at most this many times
 # the most batches it has served without queueing (and at least the
 # geometric mean of those and its prior), or, without a prior, twice as
@@ -192,13 +199,15 @@ class AutoscalingConfig:
       saturated any more (lulls, idle periods, a restarted server), and how
       long the estimator remembers the load it served. After that it
       estimates the capacity again as before its first measurement, at most
-      twice what it measured. At least window_secs.
+      twice what it measured, if the server served at least 1.25 times it
+      without queueing over the hold; otherwise it keeps it. At least
+      window_secs.
     target_utilization: in (0, 1]. A measured capacity is published times
       this: 0.8 leaves a fifth of every server as headroom, so that the pool
       grows before its servers saturate; the pool settles at
       ceil(demand / (target_utilization * capacity)). Estimates are not
-      scaled: they probe for a saturation, which measures the server once
-      per hold_secs. 1 (the default) leaves no headroom.
+      scaled: they probe for a saturation, which measures the server. 1
+      (the default) leaves no headroom.
     max_running_requests: optional. The most requests the server runs at
       once (vLLM's ``max_num_seqs``), for the prior: an upper bound on the
       capacity before the first measurement, in batches of the requests the
@@ -373,10 +382,14 @@ class CapacityEstimator:
   their batches. The capacity is the median of the samples of the last
   ``config.window_secs``; it moves only when that median differs from it by
   more than 10%. Once no scrape is saturated (the load fell, the server
-  idles or restarted), it is held for ``config.hold_secs``.
+  idles or restarted), it is held for ``config.hold_secs``, and past it
+  while the server has not served 1.25 times it without queueing over the
+  hold: a server that was not pushed to its capacity says nothing against
+  it, and probing again would move a pool that is right by a worker and
+  back.
 
-  Before the first measurement, and after the hold, it estimates the
-  capacity from above and from below. From above, its prior:
+  Before the first measurement, and after a hold that the load outgrew,
+  it estimates the capacity from above and from below. From above, its prior:
   ``max_running_requests`` over the requests the server holds per batch in
   flight. From below, the most batches in flight without queueing over the
   hold, ``load``: the server serves at least that many. The estimate is
@@ -548,7 +561,8 @@ class CapacityEstimator:
         self._capacity = median
       self._measured = self._capacity
     elif (self._capacity is not None and
-          now - self._measured_at > self._config.hold_secs):
+          now - self._measured_at > self._config.hold_secs and self._loads and
+          self._loads[0][1] >= _OUTGROWN * self._capacity):
       self._note(
           'no saturated scrape for %s s: it estimates the capacity again '
           'until it measures' % self._config.hold_secs)
