@@ -948,6 +948,10 @@ class PrometheusNumLoadedModelsPublisher:
       except Exception:  # pylint: disable=broad-except
         _LOGGER.exception('Publisher %s failed to poll.', self._tag)
       if exited:
+        if self._stopping.is_set():
+          # Its owner stopped the server: nothing takes the value over.
+          self._publish(0)
+          break
         # Not 0: a restarted server's publisher takes over the estimator
         # and its value.
         _LOGGER.info('Publisher %s stops: its server has exited.', self._tag)
