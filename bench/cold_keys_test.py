@@ -29,15 +29,9 @@ from bench import fleet
 from bench import policies
 from bench import v4
 from bench.fleet_test import request
+from bench.v4_test import SPEC
 from bench.workloads import MICROS
 
-SPEC = policies.TwoStageSpec(
-    rate_per_shard=1.0,
-    split_from=2.0,
-    max_shards=64,
-    decay_secs=30.0,
-    run_batches=4,
-    own_batches_from=8)
 BATCH = 8
 WORKERS = 4
 PROCESSES = 8
