@@ -82,8 +82,9 @@ def test_the_default_batches_as_the_model_says(util):
       key_fn=lambda element: element[1],
       num_shards=spec,
       max_batch_duration_secs=1)
-  # One SDK process: one cold state key, whose elements the FnApiRunner's
-  # measuring step emits in input order, as the model is given them.
+  # One SDK process, whose cold elements fill too few batches to split
+  # them: one cold state key, whose elements the FnApiRunner's measuring
+  # step emits in input order, as the model is given them.
   keys = batch_model.two_stage_keys(
       spec, requests, BATCH, cold_key=lambda key: ('cold', 0))
   grouped = batch_model.group(requests, keys, BATCH)
@@ -92,9 +93,10 @@ def test_the_default_batches_as_the_model_says(util):
       for batches in grouped.values() for members in batches
   ]
   assert sorted(real) == sorted(modelled)
+  assert [k for k in grouped if k[0] == 'cold'] == [('cold', 0, 0)]
   cold = {
       tuple(sorted((r.rid, r.key) for r in m))
-      for m in grouped[('cold', 0)]
+      for m in grouped[('cold', 0, 0)]
   }
   # A key's first 7 elements are cold (8 at one instant make it warm);
   # batches of the other keys hold one key each.

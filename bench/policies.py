@@ -46,6 +46,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from bench import fleet
+from bench.frames import position
 from bench.workloads import MICROS
 
 
@@ -112,6 +113,10 @@ class CopiedShards:
     return (str(request.key), shard), 0
 
 
+# 0011's _COLD_MIN_SPAN_PERIODS.
+COLD_MIN_SPAN_PERIODS = 4
+
+
 class TwoStage:
   """The two-stage policy (see bench/RESEARCH.md for its spec).
 
@@ -125,8 +130,14 @@ class TwoStage:
   (at most the batch size) per buffering period is cold, and cold again
   once warm only below half of that: its element goes to cold_key(key), the
   state key the cold keys of its measuring process share; a key that turns
-  warm starts its runs at shard 0. Without it (adaptive_v3, 0011 before
-  issue 24) every key is warm. With
+  warm starts its runs at shard 0. The cold keys of a measuring process
+  are spread over that process's cold slots, as 0011's _ColdKeys spreads
+  them: the process's cold elements are counted as a key's are, and the
+  slot count, a power of two at most max_shards, doubles once they bring
+  four batches per buffering period per slot and halves once they bring
+  fewer than one per slot; a key's slot is its hash modulo the count.
+  Without own_batches_from (adaptive_v3, 0011 before issue 24) every key
+  is warm. With
   pick='runs', a key's elements go to one shard in runs of run_length
   (a new run, on the next shard, when a run is full or older than
   run_timeout_s); with pick='random', a shard is drawn per element.
@@ -166,6 +177,41 @@ class TwoStage:
     self._rng = random.Random(f'{seed}/two-stage')
     # key -> [decayed count, last time, first time, shard, in run, run start]
     self._state: dict = {}
+    # cold key -> [decayed count, last time, first time, slot count]
+    self._cold: dict = {}
+    self._max_slots = 1 << (max_shards.bit_length() - 1)
+
+  def _rate(self, state, now_us, min_span_us):
+    """Counts an element at now_us in state (decayed count, last time,
+    first time, ...); returns the rate, in elements per second, taken over
+    at least min_span_us."""
+    decay = math.exp(-(now_us - state[1]) / self.tau_us)
+    state[0] = state[0] * decay + 1.0
+    state[1] = now_us
+    span = max(now_us - state[2], min_span_us)
+    window_s = self.tau_us * (1 - math.exp(-span / self.tau_us)) / MICROS
+    return state[0] / window_s
+
+  def cold_state_key(self, key, now_us):
+    """The cold slot of the key's measuring process that the key gets."""
+    process = self.cold_key(key)
+    meter = self._cold.get(process)
+    if meter is None:
+      meter = self._cold[process] = [0.0, now_us, now_us, 1]
+    # As _ColdKeys, over at least COLD_MIN_SPAN_PERIODS buffering periods.
+    rate = self._rate(
+        meter,
+        now_us,
+        max(
+            self.min_span_us,
+            COLD_MIN_SPAN_PERIODS * self.buffering_s * MICROS))
+    fills = rate * self.buffering_s / min(
+        self.batch_size, self.own_batches_from)
+    while fills >= 4 * meter[3] and meter[3] < self._max_slots:
+      meter[3] *= 2
+    while fills < meter[3] and meter[3] > 1:
+      meter[3] //= 2
+    return process + (position(('cold-slot', key), 'slot') % meter[3], )
 
   def shards_of(self, key, now_us):
     """The key's shard count after counting an element at now_us (0: the
@@ -173,12 +219,7 @@ class TwoStage:
     state = self._state.get(key)
     if state is None:
       state = self._state[key] = [0.0, now_us, now_us, -1, 0, now_us]
-    decay = math.exp(-(now_us - state[1]) / self.tau_us)
-    state[0] = state[0] * decay + 1.0
-    state[1] = now_us
-    span = max(now_us - state[2], self.min_span_us)
-    window_s = self.tau_us * (1 - math.exp(-span / self.tau_us)) / MICROS
-    rate = state[0] / window_s
+    rate = self._rate(state, now_us, self.min_span_us)
     if self.own_batches_from is not None:
       # 0011's _next_shard: cold below own_batches_from elements per
       # buffering period, and below half of it once warm.
@@ -197,7 +238,7 @@ class TwoStage:
     state, count = self.shards_of(request.key, request.arrival_us)
     if count == 0:
       # (A cold key's run start only moves its forget timer.)
-      return self.cold_key(request.key), 0
+      return self.cold_state_key(request.key, request.arrival_us), 0
     if self.pick == 'random':
       shard = int(self._rng.random() * count) if count > 1 else 0
     else:

@@ -20,7 +20,8 @@ decode length and placement (stdlib only).
 
 The strategy `default` is the tree's PrefixBatchingConfig() policy (issue
 24's AdaptiveNumShards, where keys too cold to fill batches share their
-measuring process's cold state key); `adaptive_v3` is the same policy
+measuring process's cold state keys, as many as they fill); `adaptive_v3`
+is the same policy
 with every key warm (0011 before issue 24), measured wherever `default` is
 so that the gap is on record. A key is measured in one SDK process: a
 salted hash of its measuring key over the fleet's processes (workers x
@@ -304,6 +305,22 @@ def streaming_task(workload, r_key, seed, quick):
   return out
 
 
+def batch_groups(spec, requests, seed, workers, batch_size):
+  """{state key: its requests} of BatchElements(key_fn=..., num_shards=spec)
+  in a batch runner."""
+  # The measuring step emits a key's elements together: the cold state
+  # keys' elements come key by key.
+  measured = sorted(
+      requests, key=lambda r: frames.position(('measuring', r.key), seed))
+  if policies.is_two_stage(spec):
+    keys = batch_model.two_stage_keys(
+        spec, measured, batch_size, BUFFERING_S, cold_key_of(seed, workers))
+  else:
+    keys = batch_model.random_shard_keys(
+        measured, spec if isinstance(spec, int) else 1, seed)
+  return batch_model.group(measured, keys, batch_size)
+
+
 def batch_task(workload, r_key, seed, quick):
   spec, model = _STATE['spec'], _STATE['model']
   requests = workload.requests_at(RATE_PER_WORKER, seed)
@@ -316,18 +333,8 @@ def batch_task(workload, r_key, seed, quick):
       'keyed_8': batch_model.group(
           requests, batch_model.random_shard_keys(requests, 8, seed), bs),
   }
-  # The measuring step emits a key's elements together: the cold state
-  # key's elements come key by key.
-  cold_key = cold_key_of(seed, w)
-  measured = sorted(
-      requests, key=lambda r: frames.position(('measuring', r.key), seed))
   for name, of in _specs(spec).items():
-    if policies.is_two_stage(of):
-      keys = batch_model.two_stage_keys(of, measured, bs, BUFFERING_S, cold_key)
-    else:
-      keys = batch_model.random_shard_keys(
-          measured, of if isinstance(of, int) else 1, seed)
-    grouped[name] = batch_model.group(measured, keys, bs)
+    grouped[name] = batch_groups(of, requests, seed, w, bs)
 
   def run(batches, placement, charge, salt):
     return deploy.evaluate(

@@ -208,7 +208,7 @@ def validate(quick: bool, strategies: dict, seed, progress) -> dict:
         'batches_simulated': len(sim),
         'batches_by_timer': len(sim) - full,
         'batches_full': full,
-        'batches_cold': sum(1 for b in simulated if b.state_key == ('cold', 0)),
+        'batches_cold': sum(1 for b in simulated if b.state_key[0] == 'cold'),
         'batches_mixed': sum(
             1 for b in simulated if len({r.key
                                          for r in b.requests}) > 1),
