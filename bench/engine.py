@@ -271,8 +271,7 @@ def _arms(deployment, workload, seed, salt, spec):
   w, bs = workload.workers, workload.batch_size
   if deployment == 'batch':
     base = batch_model.stateless_batches(requests, w, bs, salt)
-    keys = batch_model.two_stage_keys(spec, requests, bs)
-    grouped = batch_model.group(requests, keys, bs)
+    grouped = v4.batch_groups(spec, requests, seed, w, bs)
     weights = {
         k: batch_model.key_work(v, costs.GPU, DECODE_TOKENS, deploy.Charges())
         for k, v in grouped.items()
@@ -289,7 +288,12 @@ def _arms(deployment, workload, seed, salt, spec):
   routes = {
       'baseline': policies.PerProcessKey(copies),
       'default': policies.route_for(
-          spec, copies, seed, batch_size=bs, buffering_s=v4.BUFFERING_S),
+          spec,
+          copies,
+          seed,
+          batch_size=bs,
+          buffering_s=v4.BUFFERING_S,
+          cold_key=v4.cold_key_of(seed, w)),
   }
   out = {}
   for arm, route in routes.items():
