@@ -148,9 +148,18 @@ def _engine(results):
       for e in by_w.values())
   return (
       f'Replayed on {engine["name"]} worker by worker on one server '
-      f'({first["workers"]} workers, {first["requests"]} requests per arm, '
+      f'({first["workers"]} workers{_processes(first)}, '
+      f'{first["requests"]} requests per arm, '
       f'{first["decode_tokens"]} decoded tokens, at R4): ' + '; '.join(parts) +
       '.')
+
+
+def _processes(replay) -> str:
+  """' of N SDK processes' when the replay recorded it (older runs did not)."""
+  count = replay.get('processes_per_worker')
+  if count is None:
+    return ''
+  return f' of {count} SDK process{"" if count == 1 else "es"}'
 
 
 def readme_what_it_buys(results) -> str:

@@ -70,11 +70,11 @@ MAX_NUM_SEQS = 8
 # requests it runs at once (8 of up to 15 blocks); the replays' C.
 KV_BLOCKS = 128
 # W1's shape at a size one CPU server on 2 shared cores replays in
-# minutes: 13-block prefixes, 1-block suffixes, 4 workers, 64 requests per
+# minutes: 13-block prefixes, 1-block suffixes, 4 workers, 128 requests per
 # arm, at R4.
 ENGINE_W1 = FlatWorkload(
     'W1',
-    requests=64,
+    requests=128,
     workers=4,
     cache_prefixes=1,
     batch_size=8,
@@ -84,12 +84,17 @@ ENGINE_W1 = FlatWorkload(
     suffix_tokens=32)
 ENGINE_W0 = UniqueWorkload(
     'W0',
-    requests=64,
+    requests=128,
     workers=4,
     cache_prefixes=1,
     batch_size=8,
     zipf_s=0.0,
     prompt_tokens=448)
+# SDK processes per replayed worker, in both arms. Phase A's 8 would leave
+# each measuring process 4 of a replay's 128 requests, too few to fill a
+# batch; phase A's W0 gives each 125. One (as a worker that holds one copy
+# of a model runs) gives each 32.
+PROCESSES = 1
 # (deployment, workload, R) replayed.
 RUNS = (('streaming_F3', 'W1', 4.0), ('batch', 'W1', 4.0), ('batch', 'W0', 4.0))
 DECODE_TOKENS = 32
@@ -271,7 +276,7 @@ def _arms(deployment, workload, seed, salt, spec):
   w, bs = workload.workers, workload.batch_size
   if deployment == 'batch':
     base = batch_model.stateless_batches(requests, w, bs, salt)
-    grouped = v4.batch_groups(spec, requests, seed, w, bs)
+    grouped = v4.batch_groups(spec, requests, seed, w, bs, PROCESSES)
     weights = {
         k: batch_model.key_work(v, costs.GPU, DECODE_TOKENS, deploy.Charges())
         for k, v in grouped.items()
@@ -282,8 +287,7 @@ def _arms(deployment, workload, seed, salt, spec):
     }
   copies = frames.copy_of(
       requests,
-      frames.Frame(
-          'F', 'hash', v4.PROCESSES_PER_WORKER, v4.THREADS_PER_PROCESS),
+      frames.Frame('F', 'hash', PROCESSES, v4.THREADS_PER_PROCESS),
       seed)
   routes = {
       'baseline': policies.PerProcessKey(copies),
@@ -293,7 +297,7 @@ def _arms(deployment, workload, seed, salt, spec):
           seed,
           batch_size=bs,
           buffering_s=v4.BUFFERING_S,
-          cold_key=v4.cold_key_of(seed, w)),
+          cold_key=v4.cold_key_of(seed, w, PROCESSES)),
   }
   out = {}
   for arm, route in routes.items():
@@ -359,6 +363,7 @@ def replay(port, model, spec, quick, progress) -> tuple[dict, dict]:
         'ratio': busiest['baseline'] / busiest['default'],
         'simulated_ratio': chosen[0],
         'workers': workload.workers,
+        'processes_per_worker': PROCESSES,
         'requests': workload.requests,
         'decode_tokens': DECODE_TOKENS,
         'in_flight_batches': IN_FLIGHT,

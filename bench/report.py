@@ -269,6 +269,7 @@ def _engine(results):
           f'{e["simulated_ratio"]:.2f}',
           measured,
           e['workers'],
+          e.get('processes_per_worker', ''),
           e['requests'],
           e['decode_tokens'],
       ])
@@ -279,6 +280,7 @@ def _engine(results):
       'simulated',
       'hit rate, mean batch: default / baseline',
       'workers',
+      'SDK processes per worker',
       'requests per arm',
       'decoded tokens'
   ],

@@ -305,16 +305,21 @@ def streaming_task(workload, r_key, seed, quick):
   return out
 
 
-def batch_groups(spec, requests, seed, workers, batch_size):
+def batch_groups(
+    spec, requests, seed, workers, batch_size, processes=PROCESSES_PER_WORKER):
   """{state key: its requests} of BatchElements(key_fn=..., num_shards=spec)
-  in a batch runner."""
+  in a batch runner whose workers run `processes` SDK processes each."""
   # The measuring step emits a key's elements together: the cold state
   # keys' elements come key by key.
   measured = sorted(
       requests, key=lambda r: frames.position(('measuring', r.key), seed))
   if policies.is_two_stage(spec):
     keys = batch_model.two_stage_keys(
-        spec, measured, batch_size, BUFFERING_S, cold_key_of(seed, workers))
+        spec,
+        measured,
+        batch_size,
+        BUFFERING_S,
+        cold_key_of(seed, workers, processes))
   else:
     keys = batch_model.random_shard_keys(
         measured, spec if isinstance(spec, int) else 1, seed)
