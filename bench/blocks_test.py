@@ -93,3 +93,31 @@ def test_the_readme_block_says_where_the_default_loses():
   else:
     assert 'at all' in text
   assert 'not slower in any frame' not in text
+
+
+def test_the_readme_why_block_shows_the_best_and_the_worst_point():
+  results = small_results()
+  section = results['v4']
+
+  def ranked():
+    return sorted(
+        blocks.v4_summary.points(section),
+        key=lambda p: p[4]['default']['ratio'])
+
+  def row(label, point):
+    dep, workload, r_key, d_key, figures = point
+    where = blocks._where(dep, workload, r_key, d_key)
+    return (
+        f'| {label} | {where} | {figures["default"]["ratio"]:.2f}x | '
+        f'{figures["bound"]["ratio"]:.2f}x |')
+
+  text = blocks.readme_why(results)
+  assert row('best', ranked()[-1]) in text
+  assert row('worst', ranked()[0]) in text
+  # Whichever point wins most is the one shown: none is named in advance.
+  dep, workload, r_key, d_key, point = ranked()[0]
+  point['default']['ratio'] = 99.0
+  text = blocks.readme_why(results)
+  assert ranked()[-1][4] is point
+  assert row('best', ranked()[-1]) in text and '99.00x' in text
+  assert row('worst', ranked()[0]) in text
