@@ -15,8 +15,8 @@
 # limitations under the License.
 #
 
-"""The benchmark figures that README.md and the pull request descriptions
-quote, generated from bench/results.json (stdlib only).
+"""The benchmark figures that README.md, docs/*.md and the pull request
+descriptions quote, generated from bench/results.json (stdlib only).
 
 A quoted figure lives in a block between `<!-- bench:NAME -->` and
 `<!-- /bench:NAME -->`, and RENDERERS[NAME] writes the block's text from the
@@ -54,7 +54,8 @@ STRAY = re.compile(
 def files(root: Path = ROOT) -> list[Path]:
   """The files whose figures must come from the results."""
   return [root / 'README.md', root / 'CHANGES.md'] + sorted(
-      (root / 'patches' / 'pull-requests').glob('*.md'))
+      (root / 'docs').glob('*.md')) + sorted(
+          (root / 'patches' / 'pull-requests').glob('*.md'))
 
 
 def _point(section, dep, workload, column):

@@ -15,8 +15,8 @@
 # limitations under the License.
 #
 
-"""The gate on quoted figures: README.md, CHANGES.md and the pull request
-descriptions quote only figures generated from bench/results.json."""
+"""The gate on quoted figures: README.md, CHANGES.md, docs/*.md and the pull
+request descriptions quote only figures generated from bench/results.json."""
 
 import json
 
@@ -36,6 +36,19 @@ def test_the_repository_quotes_only_generated_figures():
   results = json.loads(blocks.RESULTS.read_text())
   problems = blocks.check(blocks.files(), results)
   assert not problems, '\n'.join(problems)
+
+
+def test_the_docs_and_the_descriptions_are_checked(tmp_path):
+  for name in ('docs/a.md', 'docs/b.md', 'patches/pull-requests/x.md'):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text('')
+  assert blocks.files(tmp_path) == [
+      tmp_path / 'README.md',
+      tmp_path / 'CHANGES.md',
+      tmp_path / 'docs' / 'a.md',
+      tmp_path / 'docs' / 'b.md',
+      tmp_path / 'patches' / 'pull-requests' / 'x.md',
+  ]
 
 
 def test_a_block_is_rewritten_from_the_results():
