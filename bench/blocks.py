@@ -15,8 +15,8 @@
 # limitations under the License.
 #
 
-"""The benchmark figures that README.md and the pull request descriptions
-quote, generated from bench/results.json (stdlib only).
+"""The benchmark figures that README.md, docs/*.md and the pull request
+descriptions quote, generated from bench/results.json (stdlib only).
 
 A quoted figure lives in a block between `<!-- bench:NAME -->` and
 `<!-- /bench:NAME -->`, and RENDERERS[NAME] writes the block's text from the
@@ -29,6 +29,7 @@ oracle) is written outside a block.
 
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -53,7 +54,8 @@ STRAY = re.compile(
 def files(root: Path = ROOT) -> list[Path]:
   """The files whose figures must come from the results."""
   return [root / 'README.md', root / 'CHANGES.md'] + sorted(
-      (root / 'patches' / 'pull-requests').glob('*.md'))
+      (root / 'docs').glob('*.md')) + sorted(
+          (root / 'patches' / 'pull-requests').glob('*.md'))
 
 
 def _point(section, dep, workload, column):
@@ -180,6 +182,64 @@ def readme_what_it_buys(results) -> str:
       '',
       'Eight shards per prefix (`keyed_8`, #40905\'s own default): ' +
       _losses(results, 'keyed_8').replace('It is', 'it is', 1),
+  ])
+
+
+# What the README's table says of a deployment and a workload.
+DEPLOYMENT_WORDS = {
+    'streaming_F3': 'streaming, key ranges re-cut on load',
+    'streaming_F2': 'streaming, keys hashed onto workers',
+    'batch': 'batch',
+}
+WORKLOAD_WORDS = {
+    'W0': 'prompts that share nothing',
+    'W1': 'flat prefixes',
+    'W2': 'flat prefixes',
+    'W3': 'chat-shaped prompts',
+    'W4': 'long documents with questions',
+}
+
+
+def _where(dep, workload, r_key, d_key):
+  prefixes = (
+      '' if workload == 'W0' else
+      f', prefixes {r_key[1:].replace("_", ".")} times a worker\'s cache '
+      f'({r_key})')
+  return (
+      f'{DEPLOYMENT_WORDS[dep]}; {WORKLOAD_WORDS[workload]} ({workload})'
+      f'{prefixes}; {d_key[1:]} decoded tokens per request')
+
+
+def readme_why(results) -> str:
+  """The README's first figures: the default's best, median and worst point
+  against 2.77.0, whichever points they are."""
+  section = results['v4']
+  ranked = sorted(
+      v4_summary.points(section), key=lambda p: p[4]['default']['ratio'])
+  median = statistics.median(p[4]['default']['ratio'] for p in ranked)
+  goals = v4_summary.goals(section)
+  rows = []
+  for label, (dep, workload, r_key, d_key, point) in (('best', ranked[-1]),
+                                                      ('worst', ranked[0])):
+    rows.append(
+        f'| {label} | {_where(dep, workload, r_key, d_key)} | '
+        f'{point["default"]["ratio"]:.2f}x | {point["bound"]["ratio"]:.2f}x |')
+  rows.insert(1, f'| median | all {len(ranked)} points | {median:.2f}x | |')
+  return '\n'.join([
+      '`PrefixBatchingConfig()`\'s throughput over 2.77.0\'s batching in a '
+      'simulated fleet of GPU-sized LLM workers with prefix caches (benchmark '
+      f'v4 on `{results["meta"]["beam_tree_commit"][:12]}`, medians over '
+      f'{section["meta"]["placements"]} placements; the bound is what any '
+      'router could get there):',
+      '',
+      '| | where | default | bound |',
+      '|---|---|---|---|',
+  ] + rows + [
+      '',
+      f'Below {v4_summary.NEVER_SLOWER:.2f}x at {len(goals["below"])} of '
+      f'{goals["points"]} points, at least 1.5x at '
+      f'{sum(p[4]["default"]["ratio"] >= 1.5 for p in ranked)}; every point, '
+      'and why: [docs/benchmark.md](docs/benchmark.md).',
   ])
 
 
@@ -344,6 +404,7 @@ def pr_adaptive_num_shards(results) -> str:
 
 
 RENDERERS = {
+    'readme-why': readme_why,
     'readme-what-it-buys': readme_what_it_buys,
     'readme-overhead': readme_overhead,
     'pr-prefix-batching': pr_prefix_batching,

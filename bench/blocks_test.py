@@ -15,8 +15,8 @@
 # limitations under the License.
 #
 
-"""The gate on quoted figures: README.md, CHANGES.md and the pull request
-descriptions quote only figures generated from bench/results.json."""
+"""The gate on quoted figures: README.md, CHANGES.md, docs/*.md and the pull
+request descriptions quote only figures generated from bench/results.json."""
 
 import json
 
@@ -36,6 +36,19 @@ def test_the_repository_quotes_only_generated_figures():
   results = json.loads(blocks.RESULTS.read_text())
   problems = blocks.check(blocks.files(), results)
   assert not problems, '\n'.join(problems)
+
+
+def test_the_docs_and_the_descriptions_are_checked(tmp_path):
+  for name in ('docs/a.md', 'docs/b.md', 'patches/pull-requests/x.md'):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text('')
+  assert blocks.files(tmp_path) == [
+      tmp_path / 'README.md',
+      tmp_path / 'CHANGES.md',
+      tmp_path / 'docs' / 'a.md',
+      tmp_path / 'docs' / 'b.md',
+      tmp_path / 'patches' / 'pull-requests' / 'x.md',
+  ]
 
 
 def test_a_block_is_rewritten_from_the_results():
@@ -93,3 +106,31 @@ def test_the_readme_block_says_where_the_default_loses():
   else:
     assert 'at all' in text
   assert 'not slower in any frame' not in text
+
+
+def test_the_readme_why_block_shows_the_best_and_the_worst_point():
+  results = small_results()
+  section = results['v4']
+
+  def ranked():
+    return sorted(
+        blocks.v4_summary.points(section),
+        key=lambda p: p[4]['default']['ratio'])
+
+  def row(label, point):
+    dep, workload, r_key, d_key, figures = point
+    where = blocks._where(dep, workload, r_key, d_key)
+    return (
+        f'| {label} | {where} | {figures["default"]["ratio"]:.2f}x | '
+        f'{figures["bound"]["ratio"]:.2f}x |')
+
+  text = blocks.readme_why(results)
+  assert row('best', ranked()[-1]) in text
+  assert row('worst', ranked()[0]) in text
+  # Whichever point wins most is the one shown: none is named in advance.
+  dep, workload, r_key, d_key, point = ranked()[0]
+  point['default']['ratio'] = 99.0
+  text = blocks.readme_why(results)
+  assert ranked()[-1][4] is point
+  assert row('best', ranked()[-1]) in text and '99.00x' in text
+  assert row('worst', ranked()[0]) in text

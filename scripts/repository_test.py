@@ -28,16 +28,27 @@ concern, and is split.
 Each pull request description (patches/pull-requests/*.md) has at most 500
 words of prose, as a Beam reviewer reads it: its title, headings, code
 blocks, tables, generated figure blocks and <details> blocks do not count.
+
+The README's first 60 lines, the screen a newcomer reads, hold its two
+commands (build the tree, run the tests) and its pipeline example (the
+first python block after `<!-- readme-example -->`, which
+readme_example_test.py runs on the patched tree).
 """
 
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # The most lines a non-test module of scripts/ or bench/ may have.
 MODULE_LINES = 600
 # The most words of prose a pull request description may have.
 DESCRIPTION_WORDS = 500
+# The README's lines that must hold its commands and its example.
+README_HEAD_LINES = 60
+# The line above the README's example.
+EXAMPLE_MARKER = '<!-- readme-example -->'
 
 
 def readme_test_command(readme: str) -> str:
@@ -50,6 +61,70 @@ def readme_test_command(readme: str) -> str:
   found = [line for line in lines if re.search(r'-m tox$', line)]
   assert len(found) == 1, f'README.md: one test command, not {found}'
   return found[0]
+
+
+def readme_tree_command(readme: str) -> str:
+  """The README's command that builds the patched tree: the one line of its
+  shell blocks that ends with `-m tox -e tree`."""
+  lines = [
+      line.strip() for block in re.findall(r'```sh\n(.*?)```', readme, re.S)
+      for line in block.splitlines()
+  ]
+  found = [line for line in lines if re.search(r'-m tox -e tree$', line)]
+  assert len(found) == 1, f'README.md: one tree command, not {found}'
+  return found[0]
+
+
+def readme_example(readme: str) -> str:
+  """The README's pipeline example: the code of the first python block
+  after the EXAMPLE_MARKER line."""
+  at = readme.find(EXAMPLE_MARKER + '\n')
+  assert at >= 0, f'README.md: no {EXAMPLE_MARKER} line above the example'
+  block = re.compile(r'^```python\n(.*?)^```$', re.S | re.M).search(readme, at)
+  assert block, f'README.md: no python block after {EXAMPLE_MARKER}'
+  return block.group(1)
+
+
+def head_problems(readme: str, lines: int = README_HEAD_LINES) -> list[str]:
+  """What the README's first lines lack of its commands and its example."""
+  head = ''.join(readme.splitlines(keepends=True)[:lines])
+  problems = []
+  shell = [
+      line.strip() for block in re.findall(r'```sh\n(.*?)```', head, re.S)
+      for line in block.splitlines()
+  ]
+  for command in (readme_tree_command(readme), readme_test_command(readme)):
+    if command not in shell:
+      problems.append(
+          f'the command {command!r} is not in a shell block of the first '
+          f'{lines} lines')
+  if f'```python\n{readme_example(readme)}```' not in head:
+    problems.append(f'the example does not end within the first {lines} lines')
+  return problems
+
+
+def test_the_readmes_first_lines_hold_its_commands_and_example():
+  assert head_problems((ROOT / 'README.md').read_text()) == []
+
+
+def test_a_readme_whose_example_or_commands_come_late_fails():
+  commands = (
+      '```sh\npython3 -m pip install tox && python3 -m tox -e tree\n'
+      'python3 -m pip install tox && python3 -m tox\n```\n')
+  example = f'{EXAMPLE_MARKER}\n```python\nprint(1)\nprint(2)\n```\n'
+  assert head_problems(commands + example, lines=9) == []
+  assert readme_example(commands + example) == 'print(1)\nprint(2)\n'
+  late_example = head_problems(commands + example, lines=8)
+  assert late_example == ['the example does not end within the first 8 lines']
+  late_commands = head_problems('text\n' * 3 + example + commands, lines=8)
+  assert late_commands == [
+      "the command 'python3 -m pip install tox && python3 -m tox -e tree' "
+      'is not in a shell block of the first 8 lines',
+      "the command 'python3 -m pip install tox && python3 -m tox' is not in "
+      'a shell block of the first 8 lines',
+  ]
+  with pytest.raises(AssertionError, match='no <!-- readme-example --> line'):
+    readme_example(commands + '```python\nprint(1)\n```\n')
 
 
 def script_commands(script: str) -> list[str]:
