@@ -50,4 +50,6 @@ library, so that their tests run without Beam:
   from results.json alone, and the check that they do.
 * research: the policy research of issue 20 (bench/RESEARCH.md), on
   benchmark v3's simulator.
+* research_v4: the run length's tuning of issue 24 on benchmark v4, on
+  the tuning seeds (its runs in bench/research_v4_runs/).
 """

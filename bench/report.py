@@ -62,7 +62,8 @@ def _meta(results):
       f'Patched tree (build/beam) at commit `{meta["beam_tree_commit"]}`; '
       f'`PrefixBatchingConfig()` defaults to num_shards '
       f'`{meta["default_num_shards"]}` (`default`); `adaptive_v3` is that '
-      'policy with every key warm (0011 before issue 24: no cold keys).',
+      'policy as benchmark v4 first measured it (0011 before issue 24: '
+      'every key warm, runs of 4 batches).',
       '',
   ]
   if meta['skipped']:

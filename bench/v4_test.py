@@ -33,7 +33,7 @@ SPEC = policies.TwoStageSpec(
     split_from=2.0,
     max_shards=64,
     decay_secs=30.0,
-    run_batches=4,
+    run_batches=1,
     own_batches_from=8)
 # Every v4 workload at a size a test runs in seconds.
 TINY = tuple(
