@@ -51,28 +51,25 @@ README_HEAD_LINES = 60
 EXAMPLE_MARKER = '<!-- readme-example -->'
 
 
-def readme_test_command(readme: str) -> str:
-  """The README's command that runs the default tox envs: the one line of
-  its shell blocks that ends with `-m tox`."""
+def _readme_command(readme: str, ending: str, what: str) -> str:
+  """The one line of the README's shell blocks that ends with `ending`."""
   lines = [
       line.strip() for block in re.findall(r'```sh\n(.*?)```', readme, re.S)
       for line in block.splitlines()
   ]
-  found = [line for line in lines if re.search(r'-m tox$', line)]
-  assert len(found) == 1, f'README.md: one test command, not {found}'
+  found = [line for line in lines if line.endswith(ending)]
+  assert len(found) == 1, f'README.md: one {what} command, not {found}'
   return found[0]
+
+
+def readme_test_command(readme: str) -> str:
+  """The README's command that runs the default tox envs."""
+  return _readme_command(readme, '-m tox', 'test')
 
 
 def readme_tree_command(readme: str) -> str:
-  """The README's command that builds the patched tree: the one line of its
-  shell blocks that ends with `-m tox -e tree`."""
-  lines = [
-      line.strip() for block in re.findall(r'```sh\n(.*?)```', readme, re.S)
-      for line in block.splitlines()
-  ]
-  found = [line for line in lines if re.search(r'-m tox -e tree$', line)]
-  assert len(found) == 1, f'README.md: one tree command, not {found}'
-  return found[0]
+  """The README's command that builds the patched tree."""
+  return _readme_command(readme, '-m tox -e tree', 'tree')
 
 
 def readme_example(readme: str) -> str:
