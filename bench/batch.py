@@ -30,7 +30,8 @@ only).
 * two_stage_keys: the state key AdaptiveNumShards gives each element in a
   batch runner, where its measuring step sees a key's elements in one
   burst: every element at the same processing time, so the measured rate
-  only grows, and a key's elements go to a new shard every run. With
+  only grows, and a key's elements go to a new shard every run (of
+  bounded_run_batches batches: the input is bounded). With
   issue 24's default a key's first elements (until its count reaches
   own_batches_from, or the batch size if smaller) are cold: they go to the
   cold state key of the process that measures the key (cold_key), which
@@ -72,7 +73,10 @@ def two_stage_keys(
   """The state key of every request under a two-stage policy in a batch
   runner (see the module docstring)."""
   route = policies.two_stage_from(
-      spec, batch_size, buffering_s, cold_key=cold_key)
+      policies.on_bounded_input(spec),
+      batch_size,
+      buffering_s,
+      cold_key=cold_key)
   return [route(r._replace(arrival_us=0))[0] for r in requests]
 
 

@@ -40,6 +40,7 @@ frame's (bench.frames), so routes never name a worker.
 """
 
 import copy
+import dataclasses
 import math
 import random
 from collections import Counter
@@ -363,6 +364,15 @@ def two_stage_from(
       buffering_s=buffering_s,
       cold_key=cold_key,
       seed=seed)
+
+
+def on_bounded_input(spec):
+  """The spec that measures a batch pipeline's bounded input: the tree's
+  runs of bounded_run_batches batches there (0011's _shard_policy_for)."""
+  runs = getattr(spec, 'bounded_run_batches', None)
+  if runs is None:
+    return spec
+  return dataclasses.replace(spec, run_batches=runs)
 
 
 def learns_per_copy(spec) -> bool:

@@ -45,7 +45,7 @@ WORKLOADS = ('W1', 'W2', 'W3')
 GOAL = 0.97
 
 
-def run(kwargs: dict) -> dict:
+def run(kwargs: dict, groups=('streaming', 'batch')) -> dict:
   """{point: the default's median ratio} for AdaptiveNumShards(**kwargs)."""
   from apache_beam.transforms.util import AdaptiveNumShards
   v4.EVAL_SEEDS = SEEDS
@@ -56,7 +56,8 @@ def run(kwargs: dict) -> dict:
       costs.GPU,
       False, lambda message: None,
       processes=1,
-      chosen=chosen)
+      chosen=chosen,
+      groups=groups)
   ratios = collections.defaultdict(list)
   for task in done:
     _, workload, r_key, _ = task['task']
@@ -99,6 +100,12 @@ def main(argv=None) -> int:
   one.add_argument('name')
   one.add_argument('kwargs', type=json.loads)
   one.add_argument('--out', type=Path, default=Path('build/research_v4'))
+  one.add_argument(
+      '--groups',
+      nargs='+',
+      default=['streaming', 'batch'],
+      choices=['streaming', 'batch'],
+      help='the deployments to run: streaming (F2 and F3), batch')
   both = sub.add_parser('table')
   both.add_argument('dir', type=Path)
   both.add_argument('names', nargs='+')
@@ -107,7 +114,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f'{args.name}.json').write_text(
         json.dumps({
-            'kwargs': args.kwargs, 'ratios': run(args.kwargs)
+            'kwargs': args.kwargs,
+            'groups': args.groups,
+            'ratios': run(args.kwargs, tuple(args.groups))
         },
                    indent=1))
   else:

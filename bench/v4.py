@@ -418,7 +418,7 @@ def _task(task):
   return out
 
 
-def tasks(quick, chosen=WORKLOADS):
+def tasks(quick, chosen=WORKLOADS, groups=('streaming', 'batch')):
   out = []
   for full in chosen:
     workload = full
@@ -426,17 +426,24 @@ def tasks(quick, chosen=WORKLOADS):
       workload = full.scaled(requests=full.requests // QUICK_DIVISOR)
     for r_key in r_keys(workload.name, quick):
       for seed in seeds_for(workload.name, r_key, quick):
-        for group in ('streaming', 'batch'):
+        for group in groups:
           out.append((group, workload, r_key, seed, quick))
   # The largest first, so that the two processes end together.
   out.sort(key=lambda t: -t[1].requests * (3 if t[0] == 'streaming' else 1))
   return out
 
 
-def run_all(spec, model, quick, progress, processes=2, chosen=WORKLOADS):
-  """Runs every task; returns them as they came."""
+def run_all(
+    spec,
+    model,
+    quick,
+    progress,
+    processes=2,
+    chosen=WORKLOADS,
+    groups=('streaming', 'batch')):
+  """Runs every task (of the given groups); returns them as they came."""
   _STATE.update(spec=spec, model=model, p_sweep=('W1', '4'))
-  chosen = tasks(quick, chosen)
+  chosen = tasks(quick, chosen, groups)
   started = time.monotonic()
   done = []
   if processes > 1:
