@@ -31,12 +31,14 @@ only).
   batch runner, where its measuring step sees a key's elements in one
   burst: every element at the same processing time, so the measured rate
   only grows, and a key's elements go to a new shard every run (of
-  bounded_run_batches batches: the input is bounded). With
+  bounded_run_batches batches: the input is bounded). The step holds a
+  cold key's elements until the key turns warm (then they join its first
+  shard) or its input ends (then they go to the cold state keys). With
   issue 24's default a key's first elements (until its count reaches
-  own_batches_from, or the batch size if smaller) are cold: they go to the
-  cold state key of the process that measures the key (cold_key), which
-  the batching step then runs as any key, mixing the cold keys' elements
-  in its batches.
+  own_batches_from, or the batch size if smaller) are cold; a key that
+  never gets more sends them to the cold state key of the process that
+  measures the key (cold_key), which the batching step then runs as any
+  key, mixing the cold keys' elements in its batches.
 
 bench/batch_model_test.py checks these batches against the FnApiRunner's.
 """
@@ -77,7 +79,21 @@ def two_stage_keys(
       batch_size,
       buffering_s,
       cold_key=cold_key)
-  return [route(r._replace(arrival_us=0))[0] for r in requests]
+  keys = [route(r._replace(arrival_us=0))[0] for r in requests]
+  # On bounded input the step holds a cold key's elements until the key
+  # turns warm, and then sends them to its first shard.
+  first_warm: dict = {}
+  for request, key in zip(requests, keys):
+    if not _is_cold(key):
+      first_warm.setdefault(request.key, key)
+  return [
+      first_warm.get(request.key, key) if _is_cold(key) else key
+      for request, key in zip(requests, keys)
+  ]
+
+
+def _is_cold(state_key) -> bool:
+  return isinstance(state_key, tuple) and state_key[0] == 'cold'
 
 
 def random_shard_keys(requests, shards: int, seed):
