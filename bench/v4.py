@@ -87,7 +87,7 @@ WORKLOADS = (
     workloads.W3.scaled(requests=128_000),
     workloads.W4.scaled(requests=24_000),
 )
-QUICK_DIVISOR = 32
+QUICK_DIVISOR = 16
 STRATEGIES = ('baseline', 'default', 'adaptive_v3', 'keyed_8')
 
 
