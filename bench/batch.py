@@ -35,14 +35,16 @@ only).
   cold key's elements until the key turns warm (then they join its first
   shard) or its input ends (then they go to the cold state keys). With
   issue 24's default a key's first elements (until its count reaches
-  own_batches_from, or the batch size if smaller) are cold; a key that
-  never gets more sends them to the cold state key of the process that
-  measures the key (cold_key), which the batching step then runs as any
-  key, mixing the cold keys' elements in its batches.
+  own_batches_from, or the batch size if smaller) are cold; the keys that
+  never get more fill the cold state keys of the process that measures
+  them (cold_key) one after another, COLD_PACKED_BATCHES batches each,
+  which the batching step then runs as any key, mixing the cold keys'
+  elements in their batches.
 
 bench/batch_model_test.py checks these batches against the FnApiRunner's.
 """
 
+import collections
 import random
 
 from bench import policies
@@ -52,6 +54,9 @@ from bench.frames import position
 from bench.workloads import BLOCK_TOKENS
 from bench.workloads import SEGMENT_KINDS
 from bench.workloads import SHAREABLE
+
+# 0011's _COLD_PACKED_BATCHES.
+COLD_PACKED_BATCHES = 8
 
 
 def stateless_batches(requests, workers: int, batch_size: int, salt):
@@ -83,13 +88,35 @@ def two_stage_keys(
   # On bounded input the step holds a cold key's elements until the key
   # turns warm, and then sends them to its first shard.
   first_warm: dict = {}
+  held = collections.Counter()
   for request, key in zip(requests, keys):
     if not _is_cold(key):
       first_warm.setdefault(request.key, key)
-  return [
-      first_warm.get(request.key, key) if _is_cold(key) else key
-      for request, key in zip(requests, keys)
-  ]
+    else:
+      held[request.key] += 1
+  # The keys that never do are released at the input's end, key by key, and
+  # fill their measuring process's cold state keys one after another.
+  own = getattr(spec, 'own_batches_from', None) or batch_size
+  pack = COLD_PACKED_BATCHES * min(batch_size, own)
+  packed: dict = {}
+  slot_of: dict = {}
+  out = []
+  for request, key in zip(requests, keys):
+    if not _is_cold(key):
+      out.append(key)
+    elif request.key in first_warm:
+      out.append(first_warm[request.key])
+    else:
+      if request.key not in slot_of:
+        process = key[:-1]
+        meter = packed.setdefault(process, [0, 0])
+        if meter[1] >= pack:
+          meter[0] += 1
+          meter[1] = 0
+        meter[1] += held[request.key]
+        slot_of[request.key] = process + (meter[0], )
+      out.append(slot_of[request.key])
+  return out
 
 
 def _is_cold(state_key) -> bool:

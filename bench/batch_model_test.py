@@ -111,6 +111,27 @@ def test_the_default_batches_as_the_model_says(util):
   assert {key for _, key in k1} == {'k1', 'k3'}
 
 
+def test_never_warm_keys_fill_batches_as_the_model_says(util):
+  # 100 keys seen once, in one SDK process: released at the input's end,
+  # they fill cold state keys of 8 batches one after another.
+  from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
+  spec = PrefixBatchingConfig().num_shards
+  requests = [Request(i, 0, f'u{i}', 0, ()) for i in range(100)]
+  real = _run(
+      util, [(r.rid, r.key) for r in requests],
+      key_fn=lambda element: element[1],
+      num_shards=spec,
+      max_batch_duration_secs=1)
+  keys = batch_model.two_stage_keys(
+      spec, requests, BATCH, cold_key=lambda key: ('cold', 0))
+  grouped = batch_model.group(requests, keys, BATCH)
+  modelled = [len(b) for batches in grouped.values() for b in batches]
+  assert sorted(len(b) for b in real) == sorted(modelled)
+  assert sorted(modelled) == [4] + [BATCH] * 12
+  assert sorted(e for b in real for e in b) == [(r.rid, r.key)
+                                                for r in requests]
+
+
 def test_the_stateless_path_batches_as_the_model_says(util):
   requests = _requests()
   real = _run(util, [(r.rid, r.key) for r in requests])

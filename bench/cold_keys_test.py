@@ -196,12 +196,16 @@ def test_unique_prompts_in_a_batch_runner_fill_batches():
   grouped = batch_model.group(requests, keys, BATCH)
   sizes = [len(b) for batches in grouped.values() for b in batches]
   assert sum(sizes) / len(sizes) > 0.9 * BATCH
-  # About 125 cold elements at once in each measuring process, a rate taken
-  # over 4 buffering periods, fill about 4 batches per period: 1 or 2
-  # slots each.
+  # About 125 cold elements in each measuring process, released at the
+  # input's end, fill its cold slots one after another, 8 full batches
+  # each but the last.
   processes = {('cold', m) for m in range(WORKERS * PROCESSES)}
   assert {k[:2] for k in grouped} == processes
-  assert {k[2] for k in grouped} == {0, 1}
+  for process in processes:
+    slots = sorted(k[2] for k in grouped if k[:2] == process)
+    assert slots == list(range(len(slots)))
+    for slot in slots[:-1]:
+      assert [len(b) for b in grouped[process + (slot, )]] == [BATCH] * 8
   v3 = batch_model.two_stage_keys(
       policies.adaptive_v3(SPEC), requests, BATCH, cold_key=cold_key)
   assert len(set(v3)) == len(requests)
