@@ -345,15 +345,20 @@ def bound(
     model,
     workers,
     batch_size,
-    cell_us=CELL_US) -> dict:
+    cell_us=CELL_US,
+    shuffles=0) -> dict:
   """The valid upper bound's capacity (see the module docstring), the same
-  for every window size."""
+  for every window size. With shuffles, each request also pays that many
+  element shuffles: the bound of every strategy that shuffles each element
+  as often."""
   seen: set = set()
   work = 0.0
   scored = 0
   computed = total = 0
   full = model.batch_overhead(batch_size) / batch_size
-  decode = decode_tokens * model.decode_token_tokens
+  decode = (
+      decode_tokens * model.decode_token_tokens +
+      shuffles * model.shuffle_tokens)
   for request in requests:
     counted = request.arrival_us // cell_us >= t0_cell
     tokens = 0

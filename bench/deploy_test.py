@@ -126,6 +126,10 @@ def test_the_bound_computes_each_prefix_once_per_fleet():
   bound = deploy.bound(requests, 0, 0, FREE, 2, 8)
   work = (2 * 4 + 10 * 1) * BLOCK_TOKENS
   assert bound['capacity']['10s'] == pytest.approx(10 / (work / 2))
+  # Two shuffles per request lower it by what they cost.
+  shuffled = deploy.bound(requests, 0, 0, FREE, 2, 8, shuffles=2)
+  work += 10 * 2 * FREE.shuffle_tokens
+  assert shuffled['capacity']['10s'] == pytest.approx(10 / (work / 2))
   # A prefix seen before t0 is not charged again.
   late = deploy.bound(requests, 1, 0, FREE, 2, 8)
   assert late['requests'] == 0 or late['capacity']['10s'] > 0

@@ -155,6 +155,11 @@ def _charges(spec):
   }
 
 
+def _shuffles(charges):
+  """How often a strategy of these charges shuffles each element."""
+  return charges.shuffles + int(charges.first_stage)
+
+
 def _t0(runs, holds, span_us):
   times = [deploy.warm_time(run, holds) for run in runs]
   cap = T0_CAP * span_us
@@ -286,6 +291,16 @@ def streaming_task(workload, r_key, seed, quick):
         lpt_run = runs[('lpt', f3_decodes[0])]
       rows['lpt'] = [deploy.score(lpt_run, t0_cell, decode, model, copies_n, n)]
       rows['bound'] = [deploy.bound(requests, t0_cell, decode, model, w, bs)]
+      rows['bound_shuffled'] = [
+          deploy.bound(
+              requests,
+              t0_cell,
+              decode,
+              model,
+              w,
+              bs,
+              shuffles=_shuffles(charges['default']))
+      ]
     if dep == 'streaming_F2' and p_runs:
       figures['p_sweep'] = {
           p: [
@@ -391,6 +406,16 @@ def batch_task(workload, r_key, seed, quick):
         for salt in salts
     ]
     rows['bound'] = [deploy.bound(requests, 0, decode, model, w, bs)]
+    rows['bound_shuffled'] = [
+        deploy.bound(
+            requests,
+            0,
+            decode,
+            model,
+            w,
+            bs,
+            shuffles=_shuffles(charges['default']))
+    ]
   return {
       'deployments': {
           'batch': {
