@@ -368,7 +368,7 @@ def two_stage_from(
 
 def on_bounded_input(spec):
   """The spec that measures a batch pipeline's bounded input: the tree's
-  runs of bounded_run_batches batches there (0011's _shard_policy_for)."""
+  runs of bounded_run_batches batches there (0011's BatchElements.expand)."""
   runs = getattr(spec, 'bounded_run_batches', None)
   if runs is None:
     return spec
