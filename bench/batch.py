@@ -37,7 +37,7 @@ only).
   issue 24's default a key's first elements (until its count reaches
   own_batches_from, or the batch size if smaller) are cold; the keys that
   never get more fill the cold state keys of the process that measures
-  them (cold_key) one after another, COLD_PACKED_BATCHES batches each,
+  them (cold_key) one after another, COLD_PACKED_BATCHES full batches each,
   which the batching step then runs as any key, mixing the cold keys'
   elements in their batches.
 
@@ -96,8 +96,7 @@ def two_stage_keys(
       held[request.key] += 1
   # The keys that never do are released at the input's end, key by key, and
   # fill their measuring process's cold state keys one after another.
-  own = getattr(spec, 'own_batches_from', None) or batch_size
-  pack = COLD_PACKED_BATCHES * min(batch_size, own)
+  pack = COLD_PACKED_BATCHES * batch_size
   packed: dict = {}
   slot_of: dict = {}
   out = []

@@ -151,8 +151,9 @@ def _goals(section):
   ]
   if goals['below']:
     lines += [
-        'The last column is the bound with each element shuffled twice, as '
-        'the default shuffles it: no strategy that does so can pass it.',
+        'The last column is the bound with each element shuffled as often '
+        'as the default shuffles it (twice with AdaptiveNumShards): no '
+        'strategy that does so can pass it.',
         '',
     ]
     lines += _table([

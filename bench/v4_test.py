@@ -200,10 +200,12 @@ def test_the_shuffled_bound_is_above_the_strategies_that_shuffle_as_often():
     if 'bound_shuffled' not in point:
       continue
     shuffled = point['bound_shuffled']['ratios']
+    assert len(shuffled) == len(point['bound']['ratios'])
     for top, bound in zip(shuffled, point['bound']['ratios']):
       assert top <= bound, (dep, workload, r_key, d_key)
     for name in ('default', 'adaptive_v3', 'lpt'):
       ratios = point[name].get('ratios', [point[name]['ratio']] * len(shuffled))
+      assert len(ratios) == len(shuffled), (dep, workload, r_key, d_key, name)
       for mine, top in zip(ratios, shuffled):
         assert top >= mine, (dep, workload, r_key, d_key, name)
         checked += 1
