@@ -72,22 +72,28 @@ def _run(util, elements, **kwargs):
   return list(SEEN)
 
 
-def test_the_default_batches_as_the_model_says(util):
+def _default_real_and_modelled(util, requests):
+  """The batches of PrefixBatchingConfig()'s default on the FnApiRunner,
+  and the model's state keys' batches for one SDK process."""
   from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
   spec = PrefixBatchingConfig().num_shards
   assert isinstance(spec, util.AdaptiveNumShards)
-  requests = _requests()
   real = _run(
       util, [(r.rid, r.key) for r in requests],
       key_fn=lambda element: element[1],
       num_shards=spec,
       max_batch_duration_secs=1)
+  keys = batch_model.two_stage_keys(
+      spec, requests, BATCH, cold_key=lambda key: ('cold', 0))
+  return real, batch_model.group(requests, keys, BATCH)
+
+
+def test_the_default_batches_as_the_model_says(util):
   # One SDK process, whose cold elements fill too few batches to split
   # them: one cold state key, whose elements the FnApiRunner's measuring
   # step emits in input order, as the model is given them.
-  keys = batch_model.two_stage_keys(
-      spec, requests, BATCH, cold_key=lambda key: ('cold', 0))
-  grouped = batch_model.group(requests, keys, BATCH)
+  requests = _requests()
+  real, grouped = _default_real_and_modelled(util, requests)
   modelled = [
       tuple(sorted((r.rid, r.key) for r in members))
       for batches in grouped.values() for members in batches
@@ -114,17 +120,8 @@ def test_the_default_batches_as_the_model_says(util):
 def test_never_warm_keys_fill_batches_as_the_model_says(util):
   # 100 keys seen once, in one SDK process: released at the input's end,
   # they fill cold state keys of 8 batches one after another.
-  from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
-  spec = PrefixBatchingConfig().num_shards
   requests = [Request(i, 0, f'u{i}', 0, ()) for i in range(100)]
-  real = _run(
-      util, [(r.rid, r.key) for r in requests],
-      key_fn=lambda element: element[1],
-      num_shards=spec,
-      max_batch_duration_secs=1)
-  keys = batch_model.two_stage_keys(
-      spec, requests, BATCH, cold_key=lambda key: ('cold', 0))
-  grouped = batch_model.group(requests, keys, BATCH)
+  real, grouped = _default_real_and_modelled(util, requests)
   modelled = [len(b) for batches in grouped.values() for b in batches]
   assert sorted(len(b) for b in real) == sorted(modelled)
   assert sorted(modelled) == [4] + [BATCH] * 12
