@@ -133,10 +133,6 @@ def _cell(row):
   return f'{row["ratio"]:.2f} ({row["ratio_min"]:.2f}-{row["ratio_max"]:.2f})'
 
 
-def _maybe(ratio):
-  return 'n/a' if ratio is None else f'{ratio:.3f}'
-
-
 def _goals(section):
   goals = v4_summary.goals(section)
   v3 = v4_summary.goals(section, 'adaptive_v3')
@@ -168,7 +164,7 @@ def _goals(section):
                         f'{b["ratio"]:.3f}',
                         f'{b["ratio_min"]:.3f}',
                         f'{b["aa_min"]:.3f}',
-                        _maybe(b['bound_shuffled'])
+                        f'{b["bound_shuffled"]:.3f}'
                     ] for b in goals['below']]) + ['']
   lines += ['Wins at R4, decode 0:', '']
   lines += _table(

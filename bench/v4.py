@@ -155,9 +155,23 @@ def _charges(spec):
   }
 
 
-def _shuffles(charges):
-  """How often a strategy of these charges shuffles each element."""
-  return charges.shuffles + int(charges.first_stage)
+def _bounds(requests, t0_cell, decode, model, workers, batch_size, charges):
+  """The bound, and the bound with each element shuffled as often as the
+  charges of the default shuffle it."""
+  shuffles = charges.shuffles + int(charges.first_stage)
+  return {
+      name: [
+          deploy.bound(
+              requests,
+              t0_cell,
+              decode,
+              model,
+              workers,
+              batch_size,
+              shuffles=count)
+      ]
+      for name, count in (('bound', 0), ('bound_shuffled', shuffles))
+  }
 
 
 def _t0(runs, holds, span_us):
@@ -290,17 +304,8 @@ def streaming_task(workload, r_key, seed, quick):
         # placement of the nearest one.
         lpt_run = runs[('lpt', f3_decodes[0])]
       rows['lpt'] = [deploy.score(lpt_run, t0_cell, decode, model, copies_n, n)]
-      rows['bound'] = [deploy.bound(requests, t0_cell, decode, model, w, bs)]
-      rows['bound_shuffled'] = [
-          deploy.bound(
-              requests,
-              t0_cell,
-              decode,
-              model,
-              w,
-              bs,
-              shuffles=_shuffles(charges['default']))
-      ]
+      rows.update(
+          _bounds(requests, t0_cell, decode, model, w, bs, charges['default']))
     if dep == 'streaming_F2' and p_runs:
       figures['p_sweep'] = {
           p: [
@@ -405,17 +410,7 @@ def batch_task(workload, r_key, seed, quick):
         deploy.score(base[salt], 0, decode, model, BATCH_COPIES, n)
         for salt in salts
     ]
-    rows['bound'] = [deploy.bound(requests, 0, decode, model, w, bs)]
-    rows['bound_shuffled'] = [
-        deploy.bound(
-            requests,
-            0,
-            decode,
-            model,
-            w,
-            bs,
-            shuffles=_shuffles(charges['default']))
-    ]
+    rows.update(_bounds(requests, 0, decode, model, w, bs, charges['default']))
   return {
       'deployments': {
           'batch': {

@@ -80,9 +80,6 @@ def _point(tasks_of_point, deployment, decode):
   for task in tasks_of_point:
     figures = task['deployments'][deployment]['figures'][decode]
     for name in names + ('aa', 'bound_shuffled'):
-      if name not in figures and name != 'aa':
-        # (Runs before the shuffled bound have none.)
-        continue
       source = figures['baseline'] if name == 'aa' else figures[name]
       per_seed.setdefault(name, []).append((source, figures['baseline']))
   point = {
@@ -220,7 +217,7 @@ def goals(section, name='default') -> dict:
           'ratio': row['ratio'],
           'ratio_min': row['ratio_min'],
           'aa_min': point['aa']['ratio_min'],
-          'bound_shuffled': point.get('bound_shuffled', {}).get('ratio'),
+          'bound_shuffled': point['bound_shuffled']['ratio'],
       })
     if d_key in ('D64', 'D256') and workload != 'W0':
       gain = point['bound']['ratio'] - 1
