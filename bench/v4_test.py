@@ -136,6 +136,18 @@ def test_the_summary_holds_every_required_point():
   assert set(sweep) == {str(p) for p in v4.P_SWEEP}
 
 
+def test_batch_points_report_no_delay_and_streaming_points_a_real_one():
+  section = v4_summary.summarize(done(), {})
+  batch = section['batch']['W1']['R4']['D64']
+  streaming = section['streaming_F3']['W1']['R4']['D64']
+  for name in ('default', 'baseline', 'lpt'):
+    # A batch job's batches have an order, not an emission time.
+    assert 'p99_delay_s' not in batch[name]
+    # Buffering holds an element at most its buffering period, and the
+    # runner emits it no sooner than it arrives.
+    assert 0 < streaming[name]['p99_delay_s'] <= v4.BUFFERING_S
+
+
 def test_goals_list_the_points_below_the_floor():
   section = v4_summary.summarize(done(), {})
   goals = v4_summary.goals(section)
