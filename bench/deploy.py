@@ -150,9 +150,19 @@ class RangePlacer:
 class Charges:
   """What a strategy's requests cost beyond serving: shuffles per element
   on the batch's worker, and a shuffle on the worker of its key's first
-  stage (the two-stage policy's measuring step)."""
+  stage (the two-stage policy's measuring step). first_stage_spread: how
+  many measuring keys a key's first stage is spread over, each request to
+  one by its id (1: the key's own, as 0011's measuring step is keyed; more
+  is a design bench/RESEARCH.md weighs)."""
   shuffles: int = 1
   first_stage: bool = False
+  first_stage_spread: int = 1
+
+  def __post_init__(self):
+    if self.first_stage_spread < 1:
+      raise ValueError(
+          'first_stage_spread must be at least 1, got '
+          f'{self.first_stage_spread!r}')
 
 
 class Run:
@@ -230,7 +240,9 @@ def evaluate(
       cell[3] += 1
       delays.append((arrived, now - request.arrival_us))
       if charges.first_stage:
-        first = ('stage1', request.key)
+        spread = charges.first_stage_spread
+        first = ('stage1', request.key) if spread == 1 else (
+            'stage1', request.key, request.rid % spread)
         at = (placer(first, now), arrived)
         firsts[at] = firsts.get(at, 0) + 1
         placer.observe(first, model.shuffle_tokens, now)

@@ -135,6 +135,42 @@ def test_the_bound_computes_each_prefix_once_per_fleet():
   assert late['requests'] == 0 or late['capacity']['10s'] > 0
 
 
+def test_a_spread_first_stage_moves_a_keys_measuring_off_one_worker():
+  # One hot key: its batches on worker 0, its measuring step's shuffles on
+  # the worker its first-stage key hashes to.
+  requests = [shared_request(i, 0.01 * i, 0) for i in range(64)]
+  batches = [
+      Batch(0, 'shard', requests[i:i + 8], requests[i].arrival_us)
+      for i in range(0, 64, 8)
+  ]
+
+  def shuffles_per_worker(spread):
+    run = deploy.evaluate(
+        batches,
+        deploy.StaticPlacer({'shard': 0}, 8, 'salt'),
+        8,
+        1000,
+        FREE,
+        deploy.Charges(1, True, spread))
+    per_worker = [0] * 8
+    for (worker, _, _), cell in run.cells.items():
+      per_worker[worker] += cell[3]
+    return per_worker
+
+  own = shuffles_per_worker(1)
+  # The batches' own shuffles on worker 0, the measuring step's 64 on one.
+  assert sum(own) == 128 and own[0] >= 64
+  assert sorted(own)[-2:] in ([64, 64], [0, 128])
+  spread = shuffles_per_worker(8)
+  assert sum(spread) == 128
+  # Spread over 8 measuring keys, the first stage lands on more workers.
+  others = [n for w, n in enumerate(spread) if w != 0]
+  assert sum(1 for n in others if n) > 1
+  assert max(others) < 64
+  with pytest.raises(ValueError, match='first_stage_spread.*0'):
+    deploy.Charges(1, True, 0)
+
+
 def test_warm_time_needs_every_worker():
   requests = [shared_request(i, 0.1 * i, i) for i in range(40)]
   batches = [Batch(0, i % 2, [r], r.arrival_us) for i, r in enumerate(requests)]

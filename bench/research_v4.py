@@ -28,16 +28,26 @@ per process:
   python -m bench.research_v4 table DIR NAME ...
 
 `table` prints the variants side by side (bench/RESEARCH.md quotes it).
+
+`fleet` runs one workload's phase A at another fleet size (workers and
+requests) with the tree's default, on the seeds given, and `fleet-table`
+prints such runs side by side:
+
+  python -m bench.research_v4 fleet NAME W2 --workers 64 \
+      --requests 512000 --seeds 52301 52302 --out DIR
+  python -m bench.research_v4 fleet-table DIR NAME ...
 """
 
 import argparse
 import collections
+import dataclasses
 import json
 import statistics
 from pathlib import Path
 
 from bench import costs
 from bench import v4
+from bench import v4_summary
 
 SEEDS = [40905, 40906]
 R_KEYS = ('0_25', '4')
@@ -70,6 +80,90 @@ def run(kwargs: dict, groups=('streaming', 'batch')) -> dict:
           ratios[f'{deployment}.{workload}.R{r_key}.D{decode}'].append(
               default['capacity'][window] / base['capacity'][window])
   return {k: statistics.median(v) for k, v in sorted(ratios.items())}
+
+
+def fleet(
+    workload_name: str,
+    workers: int,
+    requests: int,
+    seeds: list,
+    groups=('streaming', 'batch'),
+    measuring_spread=1) -> dict:
+  """{point: figures} of phase A for one workload at another fleet size,
+  with the tree's default AdaptiveNumShards, on the given seeds: the
+  default's, `lpt`'s and the bound's median ratios, the default's share of
+  the bound's gain, and whether the point reached steady state.
+
+  measuring_spread: how many measuring keys the default's measuring step
+  spreads a key over (deploy.Charges.first_stage_spread; 0: the step costs
+  nothing)."""
+  from apache_beam.transforms.util import AdaptiveNumShards
+  if measuring_spread < 0:
+    raise ValueError(
+        f'measuring_spread must be at least 0, got {measuring_spread!r}')
+  (workload, ) = [w for w in v4.WORKLOADS if w.name == workload_name]
+  chosen = [workload.scaled(workers=workers, requests=requests)]
+  eval_seeds, v4.EVAL_SEEDS = v4.EVAL_SEEDS, list(seeds)
+  charges_of = v4._charges
+
+  def charges(spec):
+    out = charges_of(spec)
+    first = out['default']
+    out['default'] = dataclasses.replace(
+        first,
+        first_stage=first.first_stage and measuring_spread > 0,
+        first_stage_spread=max(1, measuring_spread))
+    return out
+
+  v4._charges = charges
+  try:
+    done = v4.run_all(
+        AdaptiveNumShards(),
+        costs.GPU,
+        False, lambda message: None,
+        chosen=chosen,
+        groups=tuple(groups))
+  finally:
+    v4.EVAL_SEEDS = eval_seeds
+    v4._charges = charges_of
+  meta = {'workers': workers, 'requests': requests, 'seeds': list(seeds)}
+  section = v4_summary.summarize(done, meta)
+  out = {}
+  for dep, workload, r_key, d_key, point in v4_summary.points(section):
+    shape = section['meta']['workloads'][f'{workload}.{r_key}']
+    out[f'{dep}.{workload}.{r_key}.{d_key}'] = {
+        'workers': shape['prefix_count_workload']['workers'],
+        'default': point['default']['ratio'],
+        'lpt': point['lpt']['ratio'],
+        'bound': point['bound']['ratio'],
+        'share': point['default']['bound_share'],
+        'steady': point[v4_summary.POINT]['steady'],
+        't0_s': point[v4_summary.POINT]['t0_s'],
+    }
+  return out
+
+
+def fleet_table(results: dict) -> str:
+  """Fleet runs side by side: the default (its share of the bound's gain)
+  and whether each point was steady."""
+  names = list(results)
+  lines = [
+      '| point | ' + ' | '.join(names) + ' |',
+      '|---|' + '---|' * len(names),
+  ]
+  for point in results[names[0]]:
+    cells = []
+    for n in names:
+      f = results[n].get(point)
+      if f is None:
+        cells.append('-')
+        continue
+      steady = '' if f['steady'] else ', not steady'
+      cells.append(
+          f"{f['default']:.2f} (lpt {f['lpt']:.2f}, bound {f['bound']:.2f}"
+          f"{steady})")
+    lines.append(f'| {point} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
 
 
 def table(results: dict) -> str:
@@ -106,6 +200,26 @@ def main(argv=None) -> int:
       default=['streaming', 'batch'],
       choices=['streaming', 'batch'],
       help='the deployments to run: streaming (F2 and F3), batch')
+  sized = sub.add_parser('fleet')
+  sized.add_argument('name')
+  sized.add_argument('workload', choices=[w.name for w in v4.WORKLOADS])
+  sized.add_argument('--workers', type=int, required=True)
+  sized.add_argument('--requests', type=int, required=True)
+  sized.add_argument('--seeds', type=int, nargs='+', required=True)
+  sized.add_argument('--out', type=Path, default=Path('build/research_v4'))
+  sized.add_argument(
+      '--groups',
+      nargs='+',
+      default=['streaming', 'batch'],
+      choices=['streaming', 'batch'])
+  sized.add_argument(
+      '--measuring-spread',
+      type=int,
+      default=1,
+      help='measuring keys per key in the model (0: the step is free)')
+  sizes = sub.add_parser('fleet-table')
+  sizes.add_argument('dir', type=Path)
+  sizes.add_argument('names', nargs='+')
   both = sub.add_parser('table')
   both.add_argument('dir', type=Path)
   both.add_argument('names', nargs='+')
@@ -119,6 +233,31 @@ def main(argv=None) -> int:
             'ratios': run(args.kwargs, tuple(args.groups))
         },
                    indent=1))
+  elif args.command == 'fleet':
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f'{args.name}.json').write_text(
+        json.dumps({
+            'workload': args.workload,
+            'workers': args.workers,
+            'requests': args.requests,
+            'seeds': args.seeds,
+            'groups': args.groups,
+            'measuring_spread': args.measuring_spread,
+            'points': fleet(
+                args.workload,
+                args.workers,
+                args.requests,
+                args.seeds,
+                args.groups,
+                args.measuring_spread)
+        },
+                   indent=1))
+  elif args.command == 'fleet-table':
+    print(
+        fleet_table({
+            n: json.loads((args.dir / f'{n}.json').read_text())['points']
+            for n in args.names
+        }))
   else:
     print(
         table({

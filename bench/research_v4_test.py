@@ -1,0 +1,89 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Tests of the fleet-size runs of bench/research_v4.py."""
+
+import pytest
+
+from bench import research_v4
+from bench import v4
+
+
+def _figures(default, steady):
+  return {
+      'default': default,
+      'lpt': default + 0.5,
+      'bound': default + 1.0,
+      'share': 0.25,
+      'steady': steady,
+      't0_s': 12.0,
+  }
+
+
+def test_fleet_table_puts_runs_side_by_side_and_marks_unsteady_points():
+  text = research_v4.fleet_table({
+      'small': {
+          'batch.W2.R4.D0': _figures(2.0, True),
+          'streaming_F2.W2.R4.D0': _figures(1.5, True),
+      },
+      'large': {
+          'batch.W2.R4.D0': _figures(2.25, True),
+      },
+  })
+  lines = text.splitlines()
+  assert lines[0] == '| point | small | large |'
+  assert lines[2] == (
+      '| batch.W2.R4.D0 | 2.00 (lpt 2.50, bound 3.00) '
+      '| 2.25 (lpt 2.75, bound 3.25) |')
+  # A point one run lacks is a dash there.
+  assert lines[3] == (
+      '| streaming_F2.W2.R4.D0 | 1.50 (lpt 2.00, bound 2.50) | - |')
+  unsteady = research_v4.fleet_table(
+      {'small': {
+          'batch.W2.R4.D0': _figures(2.0, False)
+      }})
+  assert 'bound 3.00, not steady)' in unsteady
+
+
+def test_fleet_runs_every_required_point_at_the_fleet_size_asked():
+  pytest.importorskip('apache_beam.transforms.util')
+  seeds = v4.EVAL_SEEDS
+  points = research_v4.fleet('W2', workers=6, requests=900, seeds=[7])
+  # The module's seeds are as they were.
+  assert v4.EVAL_SEEDS == seeds
+  for deployment in v4.DEPLOYMENTS:
+    for r_key, decode in v4.REQUIRED:
+      figures = points[f'{deployment}.W2.R{r_key}.D{decode}']
+      assert figures['workers'] == 6
+      assert figures['bound'] >= figures['default'] > 0
+      assert figures['bound'] >= figures['lpt'] > 0
+      assert figures['share'] == pytest.approx(
+          (figures['default'] - 1) / (figures['bound'] - 1))
+
+
+def test_a_free_measuring_step_is_never_slower_in_batch():
+  pytest.importorskip('apache_beam.transforms.util')
+  kwargs = dict(
+      workers=4, requests=600, seeds=[7], groups=('batch', ))
+  own = research_v4.fleet('W1', **kwargs)
+  free = research_v4.fleet('W1', measuring_spread=0, **kwargs)
+  assert set(own) == set(free) and all(p.startswith('batch.') for p in own)
+  # The same placement without the measuring step's shuffles.
+  assert all(free[p]['default'] >= own[p]['default'] for p in own)
+  assert any(free[p]['default'] > own[p]['default'] for p in own)
+  with pytest.raises(ValueError, match='measuring_spread.*-1'):
+    research_v4.fleet('W1', measuring_spread=-1, **kwargs)
