@@ -372,9 +372,8 @@ def at_ratio(
   return workload.with_shareable_tokens(ratio * cache_tokens)
 
 
-# Benchmark v4's workloads: W1-W3 as above, with fewer workers for W2 (16,
-# not 64) so that a run reaches steady state in the time budget; their
-# prefix counts are set per point by at_ratio.
+# Benchmark v4's workloads: W1-W3 as above (bench/v4.py sets their request
+# counts and at_ratio their prefix counts), and these.
 W0 = UniqueWorkload(
     'W0',
     requests=12_000,
