@@ -148,12 +148,17 @@ class RangePlacer:
 
 @dataclasses.dataclass(frozen=True)
 class Charges:
-  """What a strategy's requests cost beyond serving: shuffles per element
-  on the batch's worker, and a shuffle on the worker of its key's first
-  stage (the two-stage policy's measuring step). first_stage_spread: how
-  many measuring keys a key's first stage is spread over, each request to
-  one by its id (1: the key's own, as 0011's measuring step is keyed; more
-  is a design bench/RESEARCH.md weighs)."""
+  """What a strategy's requests cost beyond serving.
+
+  Attributes:
+    shuffles: shuffles per element, on the batch's worker.
+    first_stage: whether each element also pays a shuffle on the worker of
+      its key's first stage (the two-stage policy's measuring step).
+    first_stage_spread: how many measuring keys a key's first stage is
+      spread over, each request to one by its id (1: the key's own, as
+      0011's measuring step is keyed; more is a design bench/RESEARCH.md
+      weighs).
+  """
   shuffles: int = 1
   first_stage: bool = False
   first_stage_spread: int = 1

@@ -15,7 +15,7 @@
 # limitations under the License.
 #
 
-"""Tuning AdaptiveNumShards on benchmark v4, on the tuning seeds only.
+"""Tuning AdaptiveNumShards on benchmark v4, and research runs beside it.
 
 Phase A's tasks for the tuning workloads (W1, W2, W3) at R0_25 and R4, on
 two of the tuning seeds, with the tree's AdaptiveNumShards built from the
@@ -31,7 +31,9 @@ per process:
 
 `fleet` runs one workload's phase A at another fleet size (workers and
 requests) with the tree's default, on the seeds given, and `fleet-table`
-prints such runs side by side:
+prints such runs side by side. A run that measures the default as it is
+(W2 at 16 and 64 workers) may use evaluation seeds; one that weighs a
+design (`--measuring-spread`) uses the tuning seeds, as tuning does:
 
   python -m bench.research_v4 fleet NAME W2 --workers 64 \
       --requests 512000 --seeds 52301 52302 --out DIR
@@ -89,20 +91,30 @@ def fleet(
     seeds: list,
     groups=('streaming', 'batch'),
     measuring_spread=1) -> dict:
-  """{point: figures} of phase A for one workload at another fleet size,
-  with the tree's default AdaptiveNumShards, on the given seeds: the
-  default's, `lpt`'s and the bound's median ratios, the default's share of
-  the bound's gain, and whether the point reached steady state.
+  """Phase A for one workload at another fleet size, with the tree's
+  default AdaptiveNumShards.
 
-  measuring_spread: how many measuring keys the default's measuring step
-  spreads a key over (deploy.Charges.first_stage_spread; 0: the step costs
-  nothing)."""
+  Args:
+    workload_name: one of benchmark v4's workloads (W0 to W4).
+    workers: the fleet's workers.
+    requests: the run's requests.
+    seeds: the seeds to run (3 placements each).
+    groups: the deployments to run: 'streaming' (F2 and F3), 'batch'.
+    measuring_spread: how many measuring keys the default's measuring step
+      spreads a key over in the model (deploy.Charges.first_stage_spread;
+      0: the step costs nothing).
+
+  Returns:
+    {point: figures}: the default's, `lpt`'s and the bound's median ratios,
+    the default's share of the bound's gain, whether the point reached
+    steady state and its t0, the fleet's workers and the seeds.
+  """
   from apache_beam.transforms.util import AdaptiveNumShards
   if measuring_spread < 0:
     raise ValueError(
         f'measuring_spread must be at least 0, got {measuring_spread!r}')
-  (workload, ) = [w for w in v4.WORKLOADS if w.name == workload_name]
-  chosen = [workload.scaled(workers=workers, requests=requests)]
+  (full, ) = [w for w in v4.WORKLOADS if w.name == workload_name]
+  chosen = [full.scaled(workers=workers, requests=requests)]
   eval_seeds, v4.EVAL_SEEDS = v4.EVAL_SEEDS, list(seeds)
   charges_of = v4._charges
 
@@ -139,19 +151,22 @@ def fleet(
         'share': point['default']['bound_share'],
         'steady': point[v4_summary.POINT]['steady'],
         't0_s': point[v4_summary.POINT]['t0_s'],
+        'seeds': point[v4_summary.POINT]['seeds'],
     }
   return out
 
 
 def fleet_table(results: dict) -> str:
-  """Fleet runs side by side: the default (its share of the bound's gain)
-  and whether each point was steady."""
+  """Fleet runs side by side: at every point of any of them, the default's
+  median ratio with `lpt`'s and the bound's, and whether the point was
+  steady (a dash where a run lacks the point)."""
   names = list(results)
   lines = [
       '| point | ' + ' | '.join(names) + ' |',
       '|---|' + '---|' * len(names),
   ]
-  for point in results[names[0]]:
+  points = list(dict.fromkeys(p for n in names for p in results[n]))
+  for point in points:
     cells = []
     for n in names:
       f = results[n].get(point)
@@ -200,26 +215,27 @@ def main(argv=None) -> int:
       default=['streaming', 'batch'],
       choices=['streaming', 'batch'],
       help='the deployments to run: streaming (F2 and F3), batch')
-  sized = sub.add_parser('fleet')
-  sized.add_argument('name')
-  sized.add_argument('workload', choices=[w.name for w in v4.WORKLOADS])
-  sized.add_argument('--workers', type=int, required=True)
-  sized.add_argument('--requests', type=int, required=True)
-  sized.add_argument('--seeds', type=int, nargs='+', required=True)
-  sized.add_argument('--out', type=Path, default=Path('build/research_v4'))
-  sized.add_argument(
+  fleet_parser = sub.add_parser('fleet')
+  fleet_parser.add_argument('name')
+  fleet_parser.add_argument('workload', choices=[w.name for w in v4.WORKLOADS])
+  fleet_parser.add_argument('--workers', type=int, required=True)
+  fleet_parser.add_argument('--requests', type=int, required=True)
+  fleet_parser.add_argument('--seeds', type=int, nargs='+', required=True)
+  fleet_parser.add_argument(
+      '--out', type=Path, default=Path('build/research_v4'))
+  fleet_parser.add_argument(
       '--groups',
       nargs='+',
       default=['streaming', 'batch'],
       choices=['streaming', 'batch'])
-  sized.add_argument(
+  fleet_parser.add_argument(
       '--measuring-spread',
       type=int,
       default=1,
       help='measuring keys per key in the model (0: the step is free)')
-  sizes = sub.add_parser('fleet-table')
-  sizes.add_argument('dir', type=Path)
-  sizes.add_argument('names', nargs='+')
+  fleet_table_parser = sub.add_parser('fleet-table')
+  fleet_table_parser.add_argument('dir', type=Path)
+  fleet_table_parser.add_argument('names', nargs='+')
   both = sub.add_parser('table')
   both.add_argument('dir', type=Path)
   both.add_argument('names', nargs='+')

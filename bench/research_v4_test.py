@@ -52,6 +52,14 @@ def test_fleet_table_puts_runs_side_by_side_and_marks_unsteady_points():
   # A point one run lacks is a dash there.
   assert lines[3] == (
       '| streaming_F2.W2.R4.D0 | 1.50 (lpt 2.00, bound 2.50) | - |')
+  # A point only a later run has is shown too.
+  later = research_v4.fleet_table({
+      'small': {}, 'large': {
+          'batch.W2.R4.D0': _figures(2.25, True)
+      }
+  })
+  assert later.splitlines()[2] == (
+      '| batch.W2.R4.D0 | - | 2.25 (lpt 2.75, bound 3.25) |')
   unsteady = research_v4.fleet_table(
       {'small': {
           'batch.W2.R4.D0': _figures(2.0, False)
@@ -61,18 +69,17 @@ def test_fleet_table_puts_runs_side_by_side_and_marks_unsteady_points():
 
 def test_fleet_runs_every_required_point_at_the_fleet_size_asked():
   pytest.importorskip('apache_beam.transforms.util')
-  seeds = v4.EVAL_SEEDS
+  seeds, charges = v4.EVAL_SEEDS, v4._charges
   points = research_v4.fleet('W2', workers=6, requests=900, seeds=[7])
-  # The module's seeds are as they were.
-  assert v4.EVAL_SEEDS == seeds
+  # The module's seeds and charges are as they were.
+  assert v4.EVAL_SEEDS == seeds and v4._charges is charges
   for deployment in v4.DEPLOYMENTS:
     for r_key, decode in v4.REQUIRED:
       figures = points[f'{deployment}.W2.R{r_key}.D{decode}']
       assert figures['workers'] == 6
+      assert figures['seeds'] == [7]
       assert figures['bound'] >= figures['default'] > 0
       assert figures['bound'] >= figures['lpt'] > 0
-      assert figures['share'] == pytest.approx(
-          (figures['default'] - 1) / (figures['bound'] - 1))
 
 
 def test_a_free_measuring_step_is_never_slower_in_batch():
