@@ -42,7 +42,6 @@ design (`--measuring-spread`) uses the tuning seeds, as tuning does:
 
 import argparse
 import collections
-import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -110,34 +109,19 @@ def fleet(
     steady state and its t0, the fleet's workers and the seeds.
   """
   from apache_beam.transforms.util import AdaptiveNumShards
-  if measuring_spread < 0:
-    raise ValueError(
-        f'measuring_spread must be at least 0, got {measuring_spread!r}')
   (full, ) = [w for w in v4.WORKLOADS if w.name == workload_name]
   chosen = [full.scaled(workers=workers, requests=requests)]
   eval_seeds, v4.EVAL_SEEDS = v4.EVAL_SEEDS, list(seeds)
-  charges_of = v4._charges
-
-  def charges(spec):
-    out = charges_of(spec)
-    first = out['default']
-    out['default'] = dataclasses.replace(
-        first,
-        first_stage=first.first_stage and measuring_spread > 0,
-        first_stage_spread=max(1, measuring_spread))
-    return out
-
-  v4._charges = charges
   try:
     done = v4.run_all(
         AdaptiveNumShards(),
         costs.GPU,
         False, lambda message: None,
         chosen=chosen,
-        groups=tuple(groups))
+        groups=tuple(groups),
+        measuring_spread=measuring_spread)
   finally:
     v4.EVAL_SEEDS = eval_seeds
-    v4._charges = charges_of
   meta = {'workers': workers, 'requests': requests, 'seeds': list(seeds)}
   section = v4_summary.summarize(done, meta)
   out = {}
@@ -156,15 +140,19 @@ def fleet(
   return out
 
 
+def _header(names) -> list:
+  return [
+      '| point | ' + ' | '.join(names) + ' |',
+      '|---|' + '---|' * len(names),
+  ]
+
+
 def fleet_table(results: dict) -> str:
   """Fleet runs side by side: at every point of any of them, the default's
   median ratio with `lpt`'s and the bound's, and whether the point was
   steady (a dash where a run lacks the point)."""
   names = list(results)
-  lines = [
-      '| point | ' + ' | '.join(names) + ' |',
-      '|---|' + '---|' * len(names),
-  ]
+  lines = _header(names)
   points = list(dict.fromkeys(p for n in names for p in results[n]))
   for point in points:
     cells = []
@@ -183,10 +171,7 @@ def fleet_table(results: dict) -> str:
 
 def table(results: dict) -> str:
   names = list(results)
-  lines = [
-      '| point | ' + ' | '.join(names) + ' |',
-      '|---|' + '---|' * len(names),
-  ]
+  lines = _header(names)
   for point in results[names[0]]:
     lines.append(
         f'| {point} | ' + ' | '.join(f'{results[n][point]:.2f}'
@@ -200,6 +185,18 @@ def table(results: dict) -> str:
           f'{statistics.geometric_mean(results[n].values()):.3f}'
           for n in names) + ' |')
   return '\n'.join(lines)
+
+
+def _write(out: Path, name: str, run_doc: dict) -> None:
+  out.mkdir(parents=True, exist_ok=True)
+  (out / f'{name}.json').write_text(json.dumps(run_doc, indent=1))
+
+
+def _read(directory: Path, names, field: str) -> dict:
+  return {
+      n: json.loads((directory / f'{n}.json').read_text())[field]
+      for n in names
+  }
 
 
 def main(argv=None) -> int:
@@ -241,18 +238,19 @@ def main(argv=None) -> int:
   both.add_argument('names', nargs='+')
   args = parser.parse_args(argv)
   if args.command == 'run':
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f'{args.name}.json').write_text(
-        json.dumps({
+    _write(
+        args.out,
+        args.name,
+        {
             'kwargs': args.kwargs,
             'groups': args.groups,
             'ratios': run(args.kwargs, tuple(args.groups))
-        },
-                   indent=1))
+        })
   elif args.command == 'fleet':
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f'{args.name}.json').write_text(
-        json.dumps({
+    _write(
+        args.out,
+        args.name,
+        {
             'workload': args.workload,
             'workers': args.workers,
             'requests': args.requests,
@@ -266,20 +264,11 @@ def main(argv=None) -> int:
                 args.seeds,
                 args.groups,
                 args.measuring_spread)
-        },
-                   indent=1))
+        })
   elif args.command == 'fleet-table':
-    print(
-        fleet_table({
-            n: json.loads((args.dir / f'{n}.json').read_text())['points']
-            for n in args.names
-        }))
+    print(fleet_table(_read(args.dir, args.names, 'points')))
   else:
-    print(
-        table({
-            n: json.loads((args.dir / f'{n}.json').read_text())['ratios']
-            for n in args.names
-        }))
+    print(table(_read(args.dir, args.names, 'ratios')))
   return 0
 
 
