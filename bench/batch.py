@@ -39,7 +39,16 @@ only).
   never get more fill the cold state keys of the process that measures
   them (cold_key) one after another, COLD_PACKED_BATCHES full batches each,
   which the batching step then runs as any key, mixing the cold keys'
-  elements in their batches.
+  elements in their batches. A busy key is measured in parts
+  (measuring_shards): each part measures, and runs, its elements as a key
+  would, its shards start at a place of their own, and a part other than
+  the first sends what it still holds at the input's end to its own first
+  shard.
+* measuring_shards: the part of a key that measures each element, as
+  0011's _EncodeBatchKey picks it on bounded input: each reader (a DoFn
+  instance of the step before, reading a contiguous split of the input)
+  keeps a key's first MEASURED_WHOLE_BATCHES batches on part 0 and sends
+  each further run to its next other part, from a place it draws.
 
 bench/batch_model_test.py checks these batches against the FnApiRunner's.
 """
@@ -55,8 +64,10 @@ from bench.workloads import BLOCK_TOKENS
 from bench.workloads import SEGMENT_KINDS
 from bench.workloads import SHAREABLE
 
-# 0011's _COLD_PACKED_BATCHES.
+# 0011's _COLD_PACKED_BATCHES, _MEASURING_SHARDS and _MEASURED_WHOLE_BATCHES.
 COLD_PACKED_BATCHES = 8
+MEASURING_SHARDS = 16
+MEASURED_WHOLE_BATCHES = 2
 
 
 def stateless_batches(requests, workers: int, batch_size: int, salt):
@@ -75,36 +86,85 @@ def stateless_batches(requests, workers: int, batch_size: int, salt):
   return batches, placement
 
 
+def measuring_shards(
+    requests, readers: int, batch_size: int, run_batches: int, salt) -> dict:
+  """rid -> the measuring shard (part) of each request's key on bounded
+  input, read by `readers` DoFn instances (see the module docstring). The
+  tree's counts start afresh at 16,384 keys per instance, more than a
+  reader here sees."""
+  n = len(requests)
+  whole = MEASURED_WHOLE_BATCHES * batch_size
+  run = run_batches * batch_size
+  out = {}
+  for reader in range(readers):
+    start = position(('reader', reader), salt) % (MEASURING_SHARDS - 1)
+    counts: collections.Counter = collections.Counter()
+    for request in requests[reader * n // readers:(reader + 1) * n // readers]:
+      count = counts[request.key]
+      counts[request.key] += 1
+      if count >= whole:
+        out[request.rid] = 1 + (start + (count - whole) // run) % (
+            MEASURING_SHARDS - 1)
+  return out
+
+
 def two_stage_keys(
-    spec, requests, batch_size: int, buffering_s=1.0, cold_key=None):
+    spec,
+    requests,
+    batch_size: int,
+    buffering_s=1.0,
+    cold_key=None,
+    measuring=None):
   """The state key of every request under a two-stage policy in a batch
-  runner (see the module docstring)."""
+  runner (see the module docstring); measuring: rid -> its measuring shard
+  (none: 0)."""
+  measuring = measuring or {}
   route = policies.two_stage_from(
       policies.on_bounded_input(spec),
       batch_size,
       buffering_s,
       cold_key=cold_key)
-  keys = [route(r._replace(arrival_us=0))[0] for r in requests]
+  max_shards = spec.max_shards
+
+  def shard_of(shard, part):
+    return (shard + part * max_shards // MEASURING_SHARDS) % max_shards
+
+  def part_of(request):
+    part = measuring.get(request.rid, 0)
+    return request.key if part == 0 else (request.key, part), part
+
+  keys = []
+  for request in requests:
+    measured, part = part_of(request)
+    key = route(request._replace(key=measured, arrival_us=0))[0]
+    if part and not _is_cold(key):
+      key = (str(request.key), shard_of(key[1], part))
+    keys.append(key)
   # On bounded input the step holds a cold key's elements until the key
   # turns warm, and then sends them to its first shard.
   first_warm: dict = {}
   held = collections.Counter()
   for request, key in zip(requests, keys):
+    measured, _ = part_of(request)
     if not _is_cold(key):
-      first_warm.setdefault(request.key, key)
+      first_warm.setdefault(measured, key)
     else:
-      held[request.key] += 1
+      held[measured] += 1
   # The keys that never do are released at the input's end, key by key, and
-  # fill their measuring process's cold state keys one after another.
+  # fill their measuring process's cold state keys one after another; a
+  # part other than the first goes to its own first shard.
   pack = COLD_PACKED_BATCHES * batch_size
   packed: dict = {}
   slot_of: dict = {}
   out = []
   for request, key in zip(requests, keys):
+    measured, part = part_of(request)
     if not _is_cold(key):
       out.append(key)
-    elif request.key in first_warm:
-      out.append(first_warm[request.key])
+    elif measured in first_warm:
+      out.append(first_warm[measured])
+    elif part:
+      out.append((str(request.key), shard_of(0, part)))
     else:
       if request.key not in slot_of:
         process = key[:-1]

@@ -74,7 +74,8 @@ def _run(util, elements, **kwargs):
 
 def _default_real_and_modelled(util, requests):
   """The batches of PrefixBatchingConfig()'s default on the FnApiRunner,
-  and the model's state keys' batches for one SDK process."""
+  and the model's state keys' batches for one SDK process, which reads the
+  input in one DoFn instance."""
   from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
   spec = PrefixBatchingConfig().num_shards
   assert isinstance(spec, util.AdaptiveNumShards)
@@ -83,9 +84,58 @@ def _default_real_and_modelled(util, requests):
       key_fn=lambda element: element[1],
       num_shards=spec,
       max_batch_duration_secs=1)
+  measuring = batch_model.measuring_shards(
+      requests, 1, BATCH, spec.bounded_run_batches, 'salt')
   keys = batch_model.two_stage_keys(
-      spec, requests, BATCH, cold_key=lambda key: ('cold', 0))
+      spec,
+      requests,
+      BATCH,
+      cold_key=lambda key: ('cold', 0),
+      measuring=measuring)
   return real, batch_model.group(requests, keys, BATCH)
+
+
+def _normalized(parts):
+  """Measuring shards with the other shards counted from the first one
+  used, which each reader draws."""
+  first = next((m for m in parts if m), 1)
+  return [0 if m == 0 else 1 + (m - first) % 15 for m in parts]
+
+
+def test_the_model_measures_a_busy_key_in_the_trees_parts(util):
+  assert util._MEASURING_SHARDS == batch_model.MEASURING_SHARDS
+  assert util._MEASURED_WHOLE_BATCHES == batch_model.MEASURED_WHOLE_BATCHES
+  requests = [
+      Request(i, 0, 'hot' if i % 4 else f'k{i % 12}', 0, ())
+      for i in range(3000)
+  ]
+  encode = util._EncodeBatchKey(lambda r: r.key, 2 * 8, 16 * 8)
+  encode.setup()
+  real = [m for r in requests for (_, m), _ in encode.process(r)]
+  modelled = batch_model.measuring_shards(requests, 1, BATCH, 16, 'salt')
+  modelled = [modelled.get(r.rid, 0) for r in requests]
+  assert _normalized(real) == _normalized(modelled)
+  # The hot key's first two batches on measuring shard 0, then runs of 16
+  # batches; the others (250 each) past their first two batches too.
+  assert sum(1 for m in real if m) == 3000 - 16 * 4
+  assert len(set(real)) == 16
+
+
+def test_a_busy_key_batches_as_the_model_says(util):
+  # 1,000 elements of one key in one reader: its first two batches are
+  # measured on measuring shard 0, each further run of 16 batches on
+  # another, and the last one's 88 elements on a shard of their own.
+  requests = [Request(i, 0, 'hot', 0, ()) for i in range(1000)]
+  requests += [Request(1000 + i, 0, f'u{i}', 0, ()) for i in range(20)]
+  real, grouped = _default_real_and_modelled(util, requests)
+  modelled = [
+      tuple(sorted((r.rid, r.key) for r in members))
+      for batches in grouped.values() for members in batches
+  ]
+  assert sorted(real) == sorted(modelled)
+  hot = [key for key in grouped if key[0] == 'hot']
+  assert len(hot) == 1 + 8
+  assert sorted(len(grouped[key]) for key in hot) == [2] + [11] + [16] * 7
 
 
 def test_the_default_batches_as_the_model_says(util):

@@ -45,6 +45,8 @@ shuffle, and the busiest worker doing the mean work.
 import bisect
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import Optional
 
 from bench.cache import PrefixCache
 from bench.fleet import percentile
@@ -158,10 +160,14 @@ class Charges:
       spread over, each request to one by its id (1: the key's own, as
       0011's measuring step is keyed; more is a design bench/RESEARCH.md
       weighs).
+    first_stage_of: rid -> the measuring shard of a request's key (0011's
+      on bounded input in a batch pipeline; batch.measuring_shards); none:
+      0 for every request.
   """
   shuffles: int = 1
   first_stage: bool = False
   first_stage_spread: int = 1
+  first_stage_of: Optional[Mapping] = None
 
   def __post_init__(self):
     if self.first_stage_spread < 1:
@@ -246,8 +252,10 @@ def evaluate(
       delays.append((arrived, now - request.arrival_us))
       if charges.first_stage:
         spread = charges.first_stage_spread
-        first = ('stage1', request.key) if spread == 1 else (
-            'stage1', request.key, request.rid % spread)
+        part = request.rid % spread if spread > 1 else ((
+            charges.first_stage_of or {}).get(request.rid, 0))
+        first = ('stage1',
+                 request.key) if part == 0 else ('stage1', request.key, part)
         at = (placer(first, now), arrived)
         firsts[at] = firsts.get(at, 0) + 1
         placer.observe(first, model.shuffle_tokens, now)

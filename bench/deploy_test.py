@@ -171,6 +171,65 @@ def test_a_spread_first_stage_moves_a_keys_measuring_off_one_worker():
     deploy.Charges(1, True, 0)
 
 
+def test_the_measuring_shards_of_a_batch_move_the_first_stage():
+  # 1,000 requests of one key over 4 readers: each keeps its first two
+  # batches on measuring shard 0 and sends each further run of 4 batches to
+  # its next other measuring shard; the first stage's shuffles follow
+  # them.
+  requests = [shared_request(i, 0.0, 0, key='hot') for i in range(1000)]
+  measuring = batch_model.measuring_shards(requests, 4, 8, 4, 'salt')
+  assert sum(1 for m in measuring.values() if m) == 1000 - 4 * 16
+  assert 0 not in measuring.values()
+  for reader in range(4):
+    split = [
+        measuring.get(i, 0) for i in range(250 * reader, 250 * reader + 250)
+    ]
+    assert split[:16] == [0] * 16
+    runs = [split[i:i + 32] for i in range(16, 250, 32)]
+    assert [len(set(run)) for run in runs] == [1] * len(runs)
+    firsts = [run[0] for run in runs]
+    assert [(b - a) % 15 for a, b in zip(firsts, firsts[1:])] == [1] * 7
+  batches = [Batch(0, 'shard', requests[i:i + 8], 0) for i in range(0, 1000, 8)]
+
+  def busiest_first_stage(first_stage_of):
+    run = deploy.evaluate(
+        batches,
+        deploy.StaticPlacer({'shard': 0}, 16, 'salt'),
+        16,
+        1000,
+        FREE,
+        deploy.Charges(1, True, first_stage_of=first_stage_of))
+    per_worker = [0] * 16
+    for (worker, _, _), cell in run.cells.items():
+      per_worker[worker] += cell[3]
+    per_worker[0] -= 1000
+    return sum(per_worker), max(per_worker)
+
+  assert busiest_first_stage(None) == (1000, 1000)
+  total, busiest = busiest_first_stage(measuring)
+  assert total == 1000 and busiest < 300
+
+
+def test_a_measuring_shard_keeps_its_runs_and_its_held_elements():
+  spec = policies.TwoStageSpec(
+      rate_per_shard=1.0, split_from=2.0, max_shards=64, run_batches=4)
+  requests = [shared_request(i, 0.0, 0, key='hot') for i in range(100)]
+  # Measuring shard 0 gets 40, shard 3 the next 50, shards 5 and 6 five each.
+  measuring = {i: 3 for i in range(40, 90)}
+  measuring.update({i: 5 for i in range(90, 95)})
+  measuring.update({i: 6 for i in range(95, 100)})
+  keys = batch_model.two_stage_keys(spec, requests, 8, measuring=measuring)
+  # Shard 0's runs are shards 0 and 1; shard 3's start at 3 x 64 / 16.
+  assert keys[:32] == [('hot', 0)] * 32
+  assert keys[32:40] == [('hot', 1)] * 8
+  assert keys[40:72] == [('hot', 12)] * 32
+  assert keys[72:90] == [('hot', 13)] * 18
+  # 5 elements, cold and never warm: held, then to the first shard of
+  # their measuring shard, not to the cold keys' batches.
+  assert keys[90:95] == [('hot', 20)] * 5
+  assert keys[95:] == [('hot', 24)] * 5
+
+
 def test_warm_time_needs_every_worker():
   requests = [shared_request(i, 0.1 * i, i) for i in range(40)]
   batches = [Batch(0, i % 2, [r], r.arrival_us) for i, r in enumerate(requests)]

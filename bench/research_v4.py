@@ -99,9 +99,10 @@ def fleet(
     requests: the run's requests.
     seeds: the seeds to run (3 placements each).
     groups: the deployments to run: 'streaming' (F2 and F3), 'batch'.
-    measuring_spread: how many measuring keys the default's measuring step
-      spreads a key over in the model (deploy.Charges.first_stage_spread;
-      0: the step costs nothing).
+    measuring_spread: 1, the default's measuring step as the tree has it
+      (in batch, a busy key measured in parts); more, the step spread over
+      that many measuring keys by request id in the model
+      (deploy.Charges.first_stage_spread); 0, the step costs nothing.
 
   Returns:
     {point: figures}: the default's, `lpt`'s and the bound's median ratios,
@@ -229,7 +230,8 @@ def main(argv=None) -> int:
       '--measuring-spread',
       type=int,
       default=1,
-      help='measuring keys per key in the model (0: the step is free)')
+      help='1: as the tree measures; more: spread over that many measuring '
+      'keys by request id; 0: the step is free')
   fleet_table_parser = sub.add_parser('fleet-table')
   fleet_table_parser.add_argument('dir', type=Path)
   fleet_table_parser.add_argument('names', nargs='+')

@@ -37,6 +37,7 @@ taken placement by placement against the deployment's baseline with the
 same salt, and summarized as medians with min and max (summarize).
 """
 
+import dataclasses
 import math
 import multiprocessing
 import time
@@ -148,8 +149,10 @@ def _specs(spec):
 
 
 def _charges(spec):
-  # The default's measuring step: one measuring key per key (as 0011 has
-  # it), spread over more (a design bench/research_v4.py weighs), or free.
+  # The default's measuring step: as 0011 has it (in batch a busy key is
+  # measured in parts: batch_task sets first_stage_of), spread over
+  # measuring keys by request id (a design bench/research_v4.py weighed),
+  # or free.
   spread = _STATE.get('measuring_spread', 1)
   return {
       'baseline': Charges(1),
@@ -337,9 +340,16 @@ def streaming_task(workload, r_key, seed, quick):
 
 
 def batch_groups(
-    spec, requests, seed, workers, batch_size, processes=PROCESSES_PER_WORKER):
+    spec,
+    requests,
+    seed,
+    workers,
+    batch_size,
+    processes=PROCESSES_PER_WORKER,
+    measuring=None):
   """{state key: its requests} of BatchElements(key_fn=..., num_shards=spec)
-  in a batch runner whose workers run `processes` SDK processes each."""
+  in a batch runner whose workers run `processes` SDK processes each;
+  measuring: rid -> its key's measuring shard (measuring_of)."""
   # The measuring step emits a key's elements together: the cold state
   # keys' elements come key by key.
   measured = sorted(
@@ -350,11 +360,26 @@ def batch_groups(
         measured,
         batch_size,
         BUFFERING_S,
-        cold_key_of(seed, workers, processes))
+        cold_key_of(seed, workers, processes),
+        measuring)
   else:
     keys = batch_model.random_shard_keys(
         measured, spec if isinstance(spec, int) else 1, seed)
   return batch_model.group(measured, keys, batch_size)
+
+
+def measuring_of(spec, requests, seed, workers, batch_size):
+  """rid -> the measuring shard of each request's key under the default
+  (spec) on bounded input in a batch pipeline, each of a worker's
+  BATCH_COPIES DoFn threads reading its own split of the input."""
+  if not policies.is_two_stage(spec):
+    return {}
+  return batch_model.measuring_shards(
+      requests,
+      workers * BATCH_COPIES,
+      batch_size,
+      policies.on_bounded_input(spec).run_batches,
+      f'{seed}/readers')
 
 
 def batch_task(workload, r_key, seed, quick):
@@ -369,8 +394,20 @@ def batch_task(workload, r_key, seed, quick):
       'keyed_8': batch_model.group(
           requests, batch_model.random_shard_keys(requests, 8, seed), bs),
   }
+  # The default's measuring step measures a busy key in parts (0011);
+  # adaptive_v3 measured every key whole.
+  measuring = measuring_of(spec, requests, seed, w, bs)
+  if charges['default'].first_stage_spread == 1:
+    charges['default'] = dataclasses.replace(
+        charges['default'], first_stage_of=measuring)
   for name, of in _specs(spec).items():
-    grouped[name] = batch_groups(of, requests, seed, w, bs)
+    grouped[name] = batch_groups(
+        of,
+        requests,
+        seed,
+        w,
+        bs,
+        measuring=measuring if name == 'default' else None)
 
   def run(batches, placement, charge, salt):
     return deploy.evaluate(
@@ -474,8 +511,9 @@ def run_all(
     groups=('streaming', 'batch'),
     measuring_spread=1):
   """Runs every task (of the given groups); returns them as they came.
-  measuring_spread: measuring keys per key of the default's measuring step
-  (deploy.Charges.first_stage_spread; 0: the step costs nothing)."""
+  measuring_spread: 1, the default's measuring step as the tree has it;
+  more, spread over that many measuring keys by request id
+  (deploy.Charges.first_stage_spread); 0, the step costs nothing."""
   if measuring_spread < 0:
     raise ValueError(
         f'measuring_spread must be at least 0, got {measuring_spread!r}')
