@@ -109,9 +109,12 @@ def test_the_model_measures_a_busy_key_in_the_trees_parts(util):
       Request(i, 0, 'hot' if i % 4 else f'k{i % 12}', 0, ())
       for i in range(3000)
   ]
+  from apache_beam.transforms.window import GlobalWindow
   encode = util._EncodeBatchKey(lambda r: r.key, 2 * 8, 16 * 8)
   encode.setup()
-  real = [m for r in requests for (_, m), _ in encode.process(r)]
+  real = [
+      m for r in requests for (_, m), _ in encode.process(r, GlobalWindow())
+  ]
   modelled = batch_model.measuring_shards(requests, 1, BATCH, 16, 'salt')
   modelled = [modelled.get(r.rid, 0) for r in requests]
   assert _normalized(real) == _normalized(modelled)
