@@ -45,7 +45,7 @@ only).
   the first sends what it still holds at the input's end to its own first
   shard.
 * measuring_shards: the part of a key that measures each element, as
-  0011's _EncodeBatchKey picks it on bounded input: each reader (a DoFn
+  0011's _SpreadBatchKey picks it on bounded input: each reader (a DoFn
   instance of the step before, reading a contiguous split of the input)
   keeps a key's first MEASURED_WHOLE_BATCHES batches on part 0 and sends
   each further run to its next other part, from a place it draws.

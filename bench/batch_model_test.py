@@ -110,7 +110,7 @@ def test_the_model_measures_a_busy_key_in_the_trees_parts(util):
       for i in range(3000)
   ]
   from apache_beam.transforms.window import GlobalWindow
-  encode = util._EncodeBatchKey(lambda r: r.key, 2 * 8, 16 * 8)
+  encode = util._SpreadBatchKey(lambda r: r.key, 2 * 8, 16 * 8)
   encode.setup()
   real = [
       m for r in requests for (_, m), _ in encode.process(r, GlobalWindow())
