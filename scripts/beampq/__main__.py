@@ -100,7 +100,7 @@ def _pytest_args(args: argparse.Namespace) -> list[str]:
 
 
 def test(project: Project, args: argparse.Namespace) -> int:
-  return suite.run(Workspace.open(project), _pytest_args(args))
+  return suite.run(Workspace.open(project), _pytest_args(args), args.series)
 
 
 def regression(project: Project, args: argparse.Namespace) -> int:
@@ -165,11 +165,15 @@ def parser() -> argparse.ArgumentParser:
       action='append',
       metavar='NAME',
       help='only this pull request of the series (repeatable)')
-  for name, function, help_text in (
-      ('test', test, 'pytest on the patched tree'),
-      ('regression', regression, 'the wider suites, compared with the base')):
-    action(name, function, help_text).add_argument(
-        'pytest_args', nargs=argparse.REMAINDER)
+  test_parser = action('test', test, 'pytest on the patched tree')
+  test_parser.add_argument(
+      '--series',
+      action='store_true',
+      help='only the tests the queue adds or changes in the test modules')
+  test_parser.add_argument('pytest_args', nargs=argparse.REMAINDER)
+  action('regression', regression,
+         'the wider suites, compared with the base').add_argument(
+             'pytest_args', nargs=argparse.REMAINDER)
   for name, function in (('lint', lint_), ('pylint', pylint), ('mypy', mypy),
                          ('format', format_)):
     action(name, function, f'{name} on the files the queue touches')

@@ -59,6 +59,13 @@ def test_every_action_has_a_function():
     assert callable(sub.get_default('function')), name
 
 
+def test_test_takes_series_and_pytest_arguments():
+  args = parser().parse_args(['test', '--series', '--', '-k', 'Keyed'])
+  assert args.series
+  assert args.pytest_args == ['--', '-k', 'Keyed']
+  assert not parser().parse_args(['test']).series
+
+
 def test_actions_run_on_the_project(project, tmp_path, capsys):
   root = str(project.root)
   checkout = testing.make_checkout(project, tmp_path / 'beam')

@@ -20,13 +20,18 @@
 The sdist has no root conftest.py, so this plugin does the parts of Beam's
 that the unit tests rely on: the --test-pipeline-options option read by
 TestPipeline, the markers Beam registers, and the extra type checks Beam's
-conftest enables. It also refuses to run when apache_beam is imported from
-anywhere but the patched tree (BEAMPQ_TREE), and prints where it came from.
+conftest enables. With --beampq-select it runs only the tests a selection
+file names (beampq.gates.selection) and deselects the others. It also
+refuses to run when apache_beam is imported from anywhere but the patched
+tree (BEAMPQ_TREE), and prints where it came from.
 """
 
+import json
 import os
 
 import pytest
+
+from beampq.gates import selection
 
 MARKERS = (
     'it_postcommit',
@@ -52,6 +57,11 @@ def pytest_addoption(parser):
       '--test-pipeline-options',
       default=None,
       help='pipeline options for TestPipeline, as in Beam\'s conftest.py')
+  parser.addoption(
+      '--beampq-select',
+      default=None,
+      metavar='FILE',
+      help='run only the tests this selection (JSON) names')
 
 
 def _imported_beam():
@@ -77,3 +87,23 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
   return f'apache_beam.__file__: {_imported_beam()}'
+
+
+def pytest_collection_modifyitems(config, items):
+  path = config.getoption('beampq_select')
+  if path is None:
+    return
+  with open(path) as f:
+    chosen = json.load(f)
+  tree = os.path.realpath(os.environ['BEAMPQ_TREE'])
+  kept, dropped = [], []
+  for item in items:
+    module = os.path.relpath(os.path.realpath(item.path), tree)
+    class_name = item.cls.__name__ if item.cls is not None else ''
+    if selection.is_selected(chosen, module, class_name, item.name):
+      kept.append(item)
+    else:
+      dropped.append(item)
+  if dropped:
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = kept

@@ -19,6 +19,7 @@
 queue touches) and the opt-in `regression` gate (the wider suites, with
 failures compared against the base)."""
 
+import json
 import os
 import re
 import subprocess
@@ -30,6 +31,7 @@ from typing import Optional
 
 import beampq
 from beampq import Error
+from beampq.gates import selection
 from beampq.gates.workspace import Workspace
 
 # The folder that holds the beampq package, for the pytest plugin.
@@ -42,10 +44,18 @@ def pytest_on(
     sdk: Path,
     targets: list[str],
     cache: Path,
-    failed: Optional[list[str]] = None) -> int:
+    failed: Optional[list[str]] = None,
+    chosen: Optional[selection.Selection] = None) -> int:
   """Runs Beam's pytest setup in an sdk folder: the tests in parallel, then
-  the no_xdist ones alone. Adds the ids of failed tests to failed."""
+  the no_xdist ones alone. Adds the ids of failed tests to failed. With
+  chosen, only the tests it selects run."""
   with tempfile.TemporaryDirectory(prefix='beampq-pytest-') as tmp:
+    if chosen is not None:
+      select_file = Path(tmp) / 'selection.json'
+      select_file.write_text(json.dumps(chosen))
+      # One argument, so that pytest does not take the file's folder into
+      # its rootdir.
+      targets = [f'--beampq-select={select_file}'] + targets
     return _pytest_runs(sdk, targets, cache, failed, beam_test_env(sdk, tmp))
 
 
@@ -110,11 +120,21 @@ def _pytest_runs(
   return next((code for code in codes if code not in (0, 5)), 0)
 
 
-def run(ws: Workspace, pytest_args: list[str]) -> int:
-  """The test modules the queue touches or adds, or pytest_args."""
-  targets = pytest_args or ws.test_modules
-  print(f'beampq: test modules: {" ".join(targets)}')
-  return pytest_on(ws.sdk, targets, ws.project.build / 'pytest-cache')
+def run(ws: Workspace, pytest_args: list[str], series: bool = False) -> int:
+  """The test modules the queue touches or adds, or pytest_args. With
+  series, only the tests the queue adds or changes in those modules
+  (beampq.gates.selection), with pytest_args added to pytest's."""
+  cache = ws.project.build / 'pytest-cache'
+  if not series:
+    targets = pytest_args or ws.test_modules
+    print(f'beampq: test modules: {" ".join(targets)}')
+    return pytest_on(ws.sdk, targets, cache)
+  chosen = selection.series_tests(ws.base_sdk, ws.sdk, ws.test_modules)
+  print(
+      f'beampq: the tests the queue adds or changes: '
+      f'{selection.count(chosen)}')
+  modules = [module for module, tests in chosen.items() if tests]
+  return pytest_on(ws.sdk, modules + pytest_args, cache, chosen=chosen)
 
 
 def regression_modules(sdk: Path) -> list[str]:
