@@ -99,7 +99,8 @@ def pytest_collection_modifyitems(config, items):
   kept, dropped = [], []
   for item in items:
     module = os.path.relpath(os.path.realpath(item.path), tree)
-    class_name = item.cls.__name__ if item.cls is not None else ''
+    cls = getattr(item, 'cls', None)
+    class_name = cls.__name__ if cls is not None else ''
     if selection.is_selected(chosen, module, class_name, item.name):
       kept.append(item)
     else:

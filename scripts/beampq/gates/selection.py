@@ -19,17 +19,25 @@
 test module on the base and on the patched tree.
 
 A selection maps a test module (relative to the sdk folder) to what runs of
-it: ALL for the whole module, or {class name: ALL or test names}, where ''
-stands for the module's own test functions. A test name also selects the
-tests that parameterized.expand makes of it (name_0_..., name_1_...).
+it: ALL for the whole module, or {test class name: ALL or test names}. A
+name also selects what parameterized makes of it: a test name the tests
+`name_0_...` that parameterized.expand makes, a class name the classes
+`Name_0...` of parameterized_class. Only unittest classes count, as in the
+test gate's pytest setup.
 
 Comments and formatting do not count: two definitions are the same when
-their syntax trees are. What a change reaches is worked out conservatively:
-- a module the queue adds, or one whose module-level code (other than its
-  imports, its classes and its main block) changes, runs whole;
-- a class whose bases, decorators, attributes or non-test methods (setUp, a
-  helper) change runs whole, and so do the classes below it in the module;
-- otherwise a class runs the tests it adds or changes, and those it
+their syntax trees are. What a change reaches is worked out conservatively,
+at the level of the module, then of the class:
+- a module the queue adds runs whole, and so does one in which anything
+  outside its test classes (and its main block) changes in a way existing
+  tests could see: an import, function, helper class or statement changed
+  or removed, a new one that binds a name the base already had, or a new
+  statement other than an assignment to new names;
+- a test class (one with test methods, or whose bases end in TestCase or
+  are test classes of the module) whose bases, decorators, attributes or
+  other methods (setUp, a helper) change runs whole, and so do its
+  subclasses in the module;
+- otherwise a test class runs the tests it adds or changes, and those it
   inherits from a class of the module that adds or changes them.
 """
 
@@ -49,11 +57,47 @@ def _is_test(name: str) -> bool:
 
 
 def _is_main_block(node: ast.stmt) -> bool:
-  return isinstance(node, ast.If) and '__main__' in ast.dump(node.test)
+  if not isinstance(node, ast.If):
+    return False
+  test = ast.dump(node.test)
+  return "Name(id='__name__'" in test and "Constant(value='__main__')" in test
+
+
+def _imports(node: ast.stmt) -> dict[str, str]:
+  """{bound name: what it is bound to} of an import statement."""
+  bound = {}
+  assert isinstance(node, (ast.Import, ast.ImportFrom))
+  for alias in node.names:
+    if isinstance(node, ast.Import):
+      name = alias.asname or alias.name.split('.')[0]
+      bound[name] = alias.name if alias.asname else alias.name.split('.')[0]
+    else:
+      name = alias.asname or alias.name
+      bound[name] = f'{"." * node.level}{node.module or ""}:{alias.name}'
+  return bound
+
+
+def _stored_names(node: ast.AST) -> set[str]:
+  return {
+      name.id
+      for name in ast.walk(node)
+      if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store)
+  }
+
+
+def _new_names_only(node: ast.stmt) -> bool:
+  """Whether a statement only assigns values to plain names."""
+  if isinstance(node, ast.Assign):
+    targets = node.targets
+  elif isinstance(node, ast.AnnAssign):
+    targets = [node.target]
+  else:
+    return False
+  return all(isinstance(target, ast.Name) for target in targets)
 
 
 class _ClassShape:
-  """A test class as the comparison sees it: its own parts apart from its
+  """A class as the comparison sees it: its own parts apart from its
   methods, and each method's syntax tree."""
   def __init__(self, node: ast.ClassDef):
     self.bases = [ast.unparse(base) for base in node.bases]
@@ -68,58 +112,77 @@ class _ClassShape:
       else:
         own.append(ast.dump(part))
     self.own = own
+    self.dump = ast.dump(node)
 
   def helpers(self) -> dict[str, str]:
     return {n: d for n, d in self.methods.items() if not _is_test(n)}
 
 
-def _bound_names(node: ast.stmt) -> set[str]:
-  """The module-level names a statement binds."""
-  if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-    return {node.name}
-  if isinstance(node, (ast.Import, ast.ImportFrom)):
-    return {(alias.asname or alias.name).split('.')[0] for alias in node.names}
-  return {
-      name.id
-      for name in ast.walk(node)
-      if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store)
-  }
-
-
 class _ModuleShape:
-  """A test module's classes, test functions and other module-level code."""
+  """A test module's imports, test classes and other module-level code."""
   def __init__(self, source: str):
-    self.classes: dict[str, _ClassShape] = {}
-    self.functions: dict[str, str] = {}
+    self.imports: dict[str, str] = {}
+    classes: dict[str, _ClassShape] = {}
+    # Everything else at module level: {syntax tree: the names it binds}.
     self.other: dict[str, set[str]] = {}
-    self.names: set[str] = set()
+    self.new_names_only: dict[str, bool] = {}
     for node in ast.parse(source).body:
       if _is_main_block(node):
         continue
-      self.names |= _bound_names(node)
       if isinstance(node, (ast.Import, ast.ImportFrom)):
-        continue
-      if isinstance(node, ast.ClassDef):
-        self.classes[node.name] = _ClassShape(node)
-      elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        self.functions[node.name] = ast.dump(node)
+        self.imports.update(_imports(node))
+      elif isinstance(node, ast.ClassDef):
+        classes[node.name] = _ClassShape(node)
       else:
-        self.other[ast.dump(node)] = _bound_names(node)
+        dump = ast.dump(node)
+        names = ({node.name} if isinstance(
+            node,
+            (ast.FunctionDef, ast.AsyncFunctionDef)) else _stored_names(node))
+        self.other[dump] = names
+        self.new_names_only[dump] = _new_names_only(node)
+    tests = {
+        name
+        for name, shape in classes.items()
+        if any(_is_test(m) for m in shape.methods) or any(
+            base.endswith('TestCase') for base in shape.bases)
+    }
+    grew = True
+    while grew:
+      grew = False
+      for name, shape in classes.items():
+        if name not in tests and tests.intersection(shape.bases):
+          tests.add(name)
+          grew = True
+    self.classes = {n: s for n, s in classes.items() if n in tests}
+    self.helper_classes = {
+        n: s.dump
+        for n, s in classes.items() if n not in tests
+    }
+    self.names = (
+        set(self.imports) | set(classes) | set().union(*self.other.values()))
 
   def reaches_old_tests(self, base: '_ModuleShape') -> bool:
-    """Whether this module-level code, against base's, can change what a
-    test that is in both does: a helper or statement of base's changed or
-    gone, or a new one that binds a name base already had."""
-    for name, dump in base.functions.items():
-      if not _is_test(name) and self.functions.get(name) != dump:
-        return True
+    """Whether this module's code outside its test classes, against base's,
+    can change what a test that is in both does."""
+    if any(self.imports.get(n) != b for n, b in base.imports.items()):
+      return True
+    if any(self.helper_classes.get(n) != d
+           for n, d in base.helper_classes.items()):
+      return True
     if any(statement not in self.other for statement in base.other):
       return True
-    added = [
-        names for statement, names in self.other.items()
-        if statement not in base.other
-    ] + [{name} for name in self.functions if name not in base.functions]
-    return any(names & base.names for names in added)
+    added = [n for n in self.imports if n not in base.imports]
+    added += [n for n in self.helper_classes if n not in base.helper_classes]
+    added += [n for n in self.classes if n not in base.classes]
+    for statement, names in self.other.items():
+      if statement in base.other:
+        continue
+      is_def = not self.new_names_only[statement] and len(names) == 1 and (
+          statement.startswith(('FunctionDef(', 'AsyncFunctionDef(')))
+      if not (self.new_names_only[statement] or is_def):
+        return True
+      added += names
+    return any(name in base.names for name in added)
 
 
 def _changed(base: dict[str, str], tree: dict[str, str]) -> list[str]:
@@ -128,20 +191,13 @@ def _changed(base: dict[str, str], tree: dict[str, str]) -> list[str]:
 
 def module_selection(base_source: Optional[str],
                      tree_source: str) -> Union[str, dict[str, Tests]]:
-  """What runs of one test module; base_source is None for a new one.
-  Changes that remove code count as changes of what remains: a removed
-  helper makes its module or class run whole."""
+  """What runs of one test module; base_source is None for a new one."""
   if base_source is None:
     return ALL
   base, tree = _ModuleShape(base_source), _ModuleShape(tree_source)
   if tree.reaches_old_tests(base):
     return ALL
   chosen: dict[str, Tests] = {}
-  own_functions = [
-      n for n in _changed(base.functions, tree.functions) if _is_test(n)
-  ]
-  if own_functions:
-    chosen[''] = own_functions
   for name, shape in tree.classes.items():
     before = base.classes.get(name)
     if (before is None or before.own != shape.own or
@@ -183,22 +239,25 @@ def series_tests(base_sdk: Path, sdk: Path, modules: list[str]) -> Selection:
   return selection
 
 
+def _named(name: str, chosen_name: str) -> bool:
+  return name == chosen_name or name.startswith(chosen_name + '_')
+
+
 def is_selected(
     selection: Selection, module: str, class_name: str, test_name: str) -> bool:
-  """Whether a collected test (class_name '' for a function) runs."""
+  """Whether a collected test of a class runs."""
   chosen = selection.get(module)
   if chosen is None:
     return False
   if chosen == ALL:
     return True
   assert isinstance(chosen, dict)
-  tests = chosen.get(class_name)
-  if tests is None:
-    return False
-  if tests == ALL:
-    return True
-  return any(
-      test_name == name or test_name.startswith(name + '_') for name in tests)
+  for chosen_class, tests in chosen.items():
+    if not _named(class_name, chosen_class):
+      continue
+    if tests == ALL or any(_named(test_name, test) for test in tests):
+      return True
+  return False
 
 
 def count(selection: Selection) -> str:
@@ -209,10 +268,14 @@ def count(selection: Selection) -> str:
       parts.append(f'{module}: whole')
     elif chosen:
       assert isinstance(chosen, dict)
-      whole = sorted(name for name, tests in chosen.items() if tests == ALL)
-      some = sum(len(tests) for tests in chosen.values() if tests != ALL)
-      parts.append(
-          f'{module}: {len(whole)} classes whole, {some} tests of others')
+      whole = [name for name, tests in chosen.items() if tests == ALL]
+      some = {name: tests for name, tests in chosen.items() if tests != ALL}
+      text = f'{module}: {len(whole)} classes whole'
+      if some:
+        text += (
+            f', {sum(len(tests) for tests in some.values())} tests of '
+            f'{len(some)} other classes')
+      parts.append(text)
     else:
       parts.append(f'{module}: nothing')
   return '; '.join(parts)

@@ -24,13 +24,20 @@ import textwrap
 
 from beampq.gates import selection
 from beampq.gates import suite
-from beampq.gates.selection import ALL
+
+ALL = selection.ALL
 
 BASE = textwrap.dedent(
     """
     import unittest
+    from os import path
 
     LIMIT = 3
+
+
+    class FakeModel:
+      def predict(self, x):
+        return x
 
 
     def helper():
@@ -110,7 +117,7 @@ class NewTest(unittest.TestCase):
   }
 
 
-def test_a_changed_set_up_runs_the_class_and_those_below_it():
+def test_a_changed_set_up_runs_the_class_and_its_subclasses():
   tree = BASE.replace('self.x = 1', 'self.x = 2')
   assert selection.module_selection(BASE, tree) == {'ATest': ALL, 'CTest': ALL}
 
@@ -127,37 +134,55 @@ def test_a_new_set_up_runs_the_class():
   assert selection.module_selection(BASE, tree) == {'BTest': ALL}
 
 
-def test_a_changed_helper_or_constant_runs_the_module():
-  assert selection.module_selection(
-      BASE, BASE.replace('return 1', 'return 2')) == ALL
-  assert selection.module_selection(
-      BASE, BASE.replace('LIMIT = 3', 'LIMIT = 4')) == ALL
-  assert selection.module_selection(BASE, BASE.replace('LIMIT = 3', '')) == ALL
+def test_a_changed_helper_constant_or_import_runs_the_module():
+  changes = (
+      ('return 1', 'return 2'),
+      ('LIMIT = 3', 'LIMIT = 4'),
+      ('LIMIT = 3', ''),
+      ('return x', 'return -x'),
+      ('from os import path', 'import os.path as path'),
+      ('from os import path', ''),
+      ('assert helper() == 1', 'assert helper() == 2'),
+  )
+  for old, new in changes:
+    assert selection.module_selection(BASE, BASE.replace(old, new)) == ALL, new
 
 
-def test_new_module_code_runs_the_module_only_when_it_rebinds_a_name():
+def test_new_module_code_runs_the_module_when_it_may_reach_old_tests():
   fresh = BASE.replace(
-      'LIMIT = 3', 'LIMIT = 3\nOTHER = 4\n\n\ndef other_helper():\n  pass\n')
+      'LIMIT = 3',
+      'LIMIT = 3\nOTHER = 4\n\n\ndef other_helper():\n  pass\n\n\n'
+      'class OtherFake:\n  pass\n')
+  fresh = fresh.replace('import unittest', 'import json\nimport unittest')
   assert selection.module_selection(BASE, fresh) == {}
-  assert selection.module_selection(
-      BASE, BASE.replace('LIMIT = 3', 'LIMIT = 3\nLIMIT = 5')) == ALL
-  assert selection.module_selection(
-      BASE, BASE + '\n\ndef helper():\n  return 2\n') == ALL
-  assert selection.module_selection(BASE, BASE + '\nunittest = None\n') == ALL
+  reaching = (
+      BASE.replace('LIMIT = 3', 'LIMIT = 3\nLIMIT = 5'),
+      BASE + '\n\ndef helper():\n  return 2\n',
+      BASE + '\n\nclass FakeModel:\n  pass\n',
+      BASE.replace(
+          'from os import path', 'from os import path\nfrom sys import path'),
+      BASE + '\nunittest.TestCase.maxDiff = None\n',
+      BASE + '\nprint(LIMIT)\n',
+      BASE + '\ntry:\n  import numpy\nexcept ImportError:\n  numpy = None\n',
+  )
+  for tree in reaching:
+    assert selection.module_selection(BASE, tree) == ALL, tree
 
 
-def test_new_imports_change_nothing_and_a_test_function_runs_alone():
+def test_a_new_import_changes_nothing():
   tree = BASE.replace('import unittest', 'import os\nimport unittest')
   tree = tree.replace(
-      'def test_function():\n  assert helper() == 1',
-      'def test_function():\n  assert helper() == 1, os.sep')
-  assert selection.module_selection(BASE, tree) == {'': ['test_function']}
+      """  def test_b(self):
+    pass""",
+      """  def test_b(self):
+    self.assertTrue(os.sep)""")
+  assert selection.module_selection(BASE, tree) == {'BTest': ['test_b']}
 
 
 def test_is_selected_matches_parameterized_names():
   chosen = {
       'a_test.py': {
-          'ATest': ['test_x'], 'BTest': ALL, '': ['test_f']
+          'ATest': ['test_x'], 'BTest': ALL
       },
       'b_test.py': ALL,
   }
@@ -165,7 +190,9 @@ def test_is_selected_matches_parameterized_names():
   assert selection.is_selected(chosen, 'a_test.py', 'ATest', 'test_x_0_fast')
   assert not selection.is_selected(chosen, 'a_test.py', 'ATest', 'test_xy')
   assert selection.is_selected(chosen, 'a_test.py', 'BTest', 'test_any')
-  assert selection.is_selected(chosen, 'a_test.py', '', 'test_f')
+  assert selection.is_selected(chosen, 'a_test.py', 'BTest_0', 'test_any')
+  assert selection.is_selected(chosen, 'a_test.py', 'ATest_1_b', 'test_x')
+  assert not selection.is_selected(chosen, 'a_test.py', 'ATest_1', 'test_y')
   assert not selection.is_selected(chosen, 'a_test.py', 'CTest', 'test_x')
   assert selection.is_selected(chosen, 'b_test.py', 'ZTest', 'test_z')
   assert not selection.is_selected(chosen, 'c_test.py', 'ATest', 'test_x')
@@ -187,8 +214,7 @@ def test_series_tests_reads_both_trees(tmp_path):
       }, 'pkg/new_test.py': ALL
   }
   assert selection.count(chosen) == (
-      'pkg/a_test.py: 2 classes whole, 0 tests of others; '
-      'pkg/new_test.py: whole')
+      'pkg/a_test.py: 2 classes whole; pkg/new_test.py: whole')
 
 
 def test_the_plugin_runs_only_the_selected_tests(tmp_path):

@@ -134,6 +134,9 @@ def run(ws: Workspace, pytest_args: list[str], series: bool = False) -> int:
       f'beampq: the tests the queue adds or changes: '
       f'{selection.count(chosen)}')
   modules = [module for module, tests in chosen.items() if tests]
+  if not modules:
+    print('beampq: the queue adds or changes no test: nothing to run')
+    return 0
   return pytest_on(ws.sdk, modules + pytest_args, cache, chosen=chosen)
 
 
