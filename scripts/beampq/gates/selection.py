@@ -85,8 +85,11 @@ def _stored_names(node: ast.AST) -> set[str]:
   }
 
 
-def _new_names_only(node: ast.stmt) -> bool:
-  """Whether a statement only assigns values to plain names."""
+def _only_binds(node: ast.stmt) -> bool:
+  """Whether a statement does nothing but bind names: a function
+  definition, or an assignment to plain names."""
+  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    return True
   if isinstance(node, ast.Assign):
     targets = node.targets
   elif isinstance(node, ast.AnnAssign):
@@ -125,7 +128,8 @@ class _ModuleShape:
     classes: dict[str, _ClassShape] = {}
     # Everything else at module level: {syntax tree: the names it binds}.
     self.other: dict[str, set[str]] = {}
-    self.new_names_only: dict[str, bool] = {}
+    # The syntax trees of those that do nothing but bind them.
+    self.only_binding: set[str] = set()
     for node in ast.parse(source).body:
       if _is_main_block(node):
         continue
@@ -139,7 +143,8 @@ class _ModuleShape:
             node,
             (ast.FunctionDef, ast.AsyncFunctionDef)) else _stored_names(node))
         self.other[dump] = names
-        self.new_names_only[dump] = _new_names_only(node)
+        if _only_binds(node):
+          self.only_binding.add(dump)
     tests = {
         name
         for name, shape in classes.items()
@@ -177,9 +182,7 @@ class _ModuleShape:
     for statement, names in self.other.items():
       if statement in base.other:
         continue
-      is_def = not self.new_names_only[statement] and len(names) == 1 and (
-          statement.startswith(('FunctionDef(', 'AsyncFunctionDef(')))
-      if not (self.new_names_only[statement] or is_def):
+      if statement not in self.only_binding:
         return True
       added += names
     return any(name in base.names for name in added)
