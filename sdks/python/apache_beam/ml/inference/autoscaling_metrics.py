@@ -132,11 +132,15 @@ _PLATEAU = 1.1
 # across a worker count and back.
 _STABILITY = 0.1
 # Once the hold has passed without a saturated scrape, a measured capacity
-# is estimated again only if the server served at least this many times it
-# without queueing over the hold: the capacity grew, or was measured low.
-# A server that was simply not pushed to it (the pool is right, or the
-# load fell) keeps it: a re-estimate offers more than the load, and in a
-# pool that was right that moves the pool by a worker and back.
+# is estimated again only if the hold showed room for at least this many
+# times it: the server served that many batches without queueing, or, for a
+# capacity its full cache bounded, its cache would hold them (the requests
+# grew shorter). A pool gives each worker at most the capacity it
+# published, so only the cache shows room in a pool that is right. A
+# server that was simply not pushed to its capacity (the pool is right, or
+# the load fell) and whose cache shows no room keeps it: a re-estimate
+# offers more than the load, and in a pool that was right that moves the
+# pool by a worker and back.
 _OUTGROWN = 1.25
 # Before its first measurement, an estimator offers at most this many times
 # the most batches it has served without queueing (and at least the
@@ -198,9 +202,9 @@ class AutoscalingConfig:
     hold_secs: how long a measured capacity is kept once no scrape is
       saturated any more (lulls, idle periods, a restarted server), and how
       long the estimator remembers the load it served. After that it
-      estimates the capacity again as before its first measurement, at most
-      twice what it measured, if the server served at least 1.25 times it
-      without queueing over the hold; otherwise it keeps it. At least
+      estimates the capacity again as before its first measurement, from
+      1.25 to 2 times what it measured, if the hold showed room for 1.25
+      times it (see CapacityEstimator); otherwise it keeps it. At least
       window_secs.
     target_utilization: in (0, 1]. A measured capacity is published times
       this: 0.8 leaves a fifth of every server as headroom, so that the pool
@@ -227,7 +231,7 @@ class AutoscalingConfig:
     saturated_queue_secs: a scrape is saturated when requests of at least
       two batches wait at it and at half the scrapes of the last
       saturated_queue_secs, while the server's most running requests rose by
-      at most 10% over them.
+      at most 10% over them. At least twice poll_interval_secs.
     settle_secs: before its first measurement, nothing is published until
       the load the worker serves has stopped growing for this long, so that
       a worker still taking its share of the load does not report a
@@ -264,6 +268,11 @@ class AutoscalingConfig:
           'max_batches_in_flight', self.max_batches_in_flight, integer=True)
     _check_fraction('saturated_cache_usage', self.saturated_cache_usage)
     _check_positive('saturated_queue_secs', self.saturated_queue_secs)
+    if self.saturated_queue_secs < 2 * self.poll_interval_secs:
+      # The queue rule compares the scrapes of the span's two halves.
+      raise ValueError(
+          f'saturated_queue_secs ({self.saturated_queue_secs!r}) must be at '
+          f'least twice poll_interval_secs ({self.poll_interval_secs!r}).')
     _check_positive('settle_secs', self.settle_secs)
 
 
@@ -383,22 +392,28 @@ class CapacityEstimator:
   ``config.window_secs``; it moves only when that median differs from it by
   more than 10%. Once no scrape is saturated (the load fell, the server
   idles or restarted), it is held for ``config.hold_secs``, and past it
-  while the server has not served 1.25 times it without queueing over the
-  hold: a server that was not pushed to its capacity says nothing against
-  it, and probing again would move a pool that is right by a worker and
-  back.
+  while the hold showed no room for 1.25 times it. Room is a server that
+  served that many batches without queueing, or, for a capacity measured
+  by a full cache, a cache that would hold that many batches below
+  ``config.saturated_cache_usage`` at the most usage per batch in flight
+  of the hold's scrapes without a queue (the requests grew shorter), where
+  the prior allows them. A pool gives each worker at most what it
+  published, so in a pool that is right only the cache can show room; a
+  server that was not pushed to its capacity, and whose cache shows no
+  room, says nothing against it, and probing again would move a pool that
+  is right by a worker and back.
 
-  Before the first measurement, and after a hold that the load outgrew,
+  Before the first measurement, and after a hold that showed room,
   it estimates the capacity from above and from below. From above, its prior:
   ``max_running_requests`` over the requests the server holds per batch in
   flight. From below, the most batches in flight without queueing over the
   hold, ``load``: the server serves at least that many. The estimate is
   ``min(prior, 1.75 * load)``, or ``min(prior, sqrt(load * prior))`` while
   the load is below a quarter of the prior, or ``2 * load`` without a
-  prior, and at most twice a capacity measured before: in a pool that has
-  never saturated, each autoscaling decision shrinks the pool until its
-  servers saturate, which measures them, quickly while it is far too
-  large; a worker that joins a pool near its size offers only 1.75 times
+  prior, and from 1.25 to 2 times a capacity measured before: in a pool
+  that has never saturated, each autoscaling decision shrinks the pool
+  until its servers saturate, which measures them, quickly while it is far
+  too large; a worker that joins a pool near its size offers only 1.75 times
   its share, so that it does not make the pool churn. Nothing is answered
   before the load has stopped growing for ``config.settle_secs``, nor
   without load: never 1 for "unknown".
@@ -445,6 +460,11 @@ class CapacityEstimator:
     # more than any after it: the first is the most of the hold.
     self._loads: collections.deque = collections.deque()
     self._load_rose_at = -math.inf
+    # (time, cache usage per batch in flight) of the same scrapes, each
+    # more than any after it, and whether the last measurement found the
+    # cache full (by usage or preemptions) rather than a queue alone.
+    self._usage_per_batch: collections.deque = collections.deque()
+    self._cache_bound = False
     self._capacity: Optional[float] = None
     self._measured: Optional[float] = None
     self._measured_at = -math.inf
@@ -510,7 +530,13 @@ class CapacityEstimator:
     self._first_scrape = math.inf
 
   def observe(self, now: float, scrape: ServerScrape) -> None:
-    """Notes a scrape of the server at now."""
+    """Notes a scrape of the server at now.
+
+    Raises:
+      ValueError: if a metric of the scrape is not a finite number, or a
+        count is negative (running and waiting must be given).
+    """
+    _check_scrape(scrape)
     self._expire(now)
     last = self._last
     if last is not None and now <= last.time:
@@ -540,14 +566,19 @@ class CapacityEstimator:
         self._samples.append((now, sum(served) / len(served)))
         self._new_samples = True
         self._measured_at = now
+        self._cache_bound = True
     elif warm and self._queue_saturated(point):
       served_now = point.served()
       if served_now is not None:
         self._samples.append((now, served_now))
         self._new_samples = True
         self._measured_at = now
+        self._cache_bound = False
     elif point.batches and not queued:
       self._note_load(now, point.batches)
+      if scrape.cache_usage is not None:
+        _note_most(
+            self._usage_per_batch, now, scrape.cache_usage / point.batches)
 
   def value(self, now: float) -> Optional[int]:
     """The value to publish at now: the measured capacity times the target
@@ -561,8 +592,8 @@ class CapacityEstimator:
         self._capacity = median
       self._measured = self._capacity
     elif (self._capacity is not None and
-          now - self._measured_at > self._config.hold_secs and self._loads and
-          self._loads[0][1] >= _OUTGROWN * self._capacity):
+          now - self._measured_at > self._config.hold_secs and
+          self._room_grew()):
       self._note(
           'no saturated scrape for %s s: it estimates the capacity again '
           'until it measures' % self._config.hold_secs)
@@ -596,6 +627,8 @@ class CapacityEstimator:
     cutoff = now - self._config.hold_secs
     while self._loads and self._loads[0][0] < cutoff:
       self._loads.popleft()
+    while self._usage_per_batch and self._usage_per_batch[0][0] < cutoff:
+      self._usage_per_batch.popleft()
     while self._sizes and self._sizes[0][0] < cutoff:
       _, batches, held = self._sizes.popleft()
       self._held_batches -= batches
@@ -650,12 +683,27 @@ class CapacityEstimator:
 
   def _note_load(self, now: float, batches: int) -> None:
     """Notes that the server served batches without queueing."""
-    loads = self._loads
-    if not loads or batches > loads[0][1]:
+    if not self._loads or batches > self._loads[0][1]:
       self._load_rose_at = now
-    while loads and loads[-1][1] <= batches:
-      loads.pop()
-    loads.append((now, batches))
+    _note_most(self._loads, now, batches)
+
+  def _room_grew(self) -> bool:
+    """Whether what the hold saw says the capacity grew past 1.25 times
+    the one measured: the server served that many batches without queueing;
+    or a capacity its full cache bounded would now fit 1.25 times below
+    config.saturated_cache_usage, at the most cache its scrapes without a
+    queue held per batch in flight, and its prior, when known, allows it."""
+    if self._capacity is None:
+      return False
+    grown = _OUTGROWN * self._capacity
+    if self._loads and self._loads[0][1] >= grown:
+      return True
+    if not self._cache_bound or not self._usage_per_batch:
+      return False
+    prior = self._prior()
+    return (prior is None or prior >= grown) and (
+        self._usage_per_batch[0][1] * grown
+        < self._config.saturated_cache_usage)
 
   def _prior(self) -> Optional[float]:
     """The most batches the server can serve at once by its configuration:
@@ -696,8 +744,31 @@ class CapacityEstimator:
         value = max(value, math.sqrt(load * prior))
       value = min(prior, value)
     if self._measured is not None:
-      value = min(value, 2 * self._measured)
+      # Above what it measured, to probe for more, and at most twice it.
+      value = min(max(value, _OUTGROWN * self._measured), 2 * self._measured)
     return value
+
+
+def _note_most(most: collections.deque, now: float, value: float) -> None:
+  """Appends (now, value) to a deque of (time, value) kept so that each
+  value is more than any after it: its first is the most since its first
+  time."""
+  while most and most[-1][1] <= value:
+    most.pop()
+  most.append((now, value))
+
+
+def _check_scrape(scrape: ServerScrape) -> None:
+  """Checks that the counts of a scrape are finite and not negative, and
+  its cache usage finite."""
+  for name, value in zip(ServerScrape._fields, scrape):
+    if value is None and name not in ('running', 'waiting'):
+      continue
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+        not math.isfinite(value)):
+      raise ValueError(f'scrape.{name} must be a finite number, got {value!r}.')
+    if value < 0 and name != 'cache_usage':
+      raise ValueError(f'scrape.{name} must be at least 0, got {value!r}.')
 
 
 def _check_batch(num_requests: Any) -> None:

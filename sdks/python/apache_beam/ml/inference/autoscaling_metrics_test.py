@@ -1037,6 +1037,36 @@ class ClosedLoopMatrixTest(_ClosedLoopChecks):
             '%d workers for %d: %d to %d workers, %d changes in 3 hours' %
             (demand, target, min(steady), max(steady), changes))
 
+  def test_a_capacity_that_grows_is_measured_again(self):
+    # The KV-bound server of the kv_cache case fills its cache at about 12
+    # batches of outputs of 400 tokens; then the outputs shrink to 20 to 30
+    # tokens, and about 18 fit. The autoscaler gives each worker at most
+    # what it published, so the load alone never shows that the server has
+    # room: its cache does, and past the hold the pool shrinks to the new
+    # size.
+    case = dict(CASES['kv_cache'])
+    long_outputs = self.truth('kv_cache')
+    short_outputs = server_capacity(dict(case, lengths=(20, 30)))
+    self.assertGreater(short_outputs, 1.5 * long_outputs)
+    before = math.ceil(DEMAND / long_outputs)
+    after = math.ceil(DEMAND / short_outputs)
+    loop = ClosedLoop(case, 16, long_outputs, seed=16)
+    loop.run(REACH_SECS + 1800, threads=DEMAND)
+    self.assertEqual(loop.ticks[-1][2], before, loop.ticks)
+    switched = loop.now
+    case['lengths'] = (20, 30)
+    loop.run(3600 + 1800)
+    # Within the hold, the measured capacity stands.
+    held = [n for t, _, n in loop.ticks if switched < t <= switched + 3600]
+    self.assertEqual(set(held), {before}, loop.ticks)
+    # The estimate probes at most twice what was measured at each step.
+    final = loop.ticks[-1][2]
+    self.assertLess(final, before, loop.ticks)
+    self.assertLessEqual(final, after + tolerance(after), loop.ticks)
+    self.figures[('capacity_grows', 16, 'last')] = (
+        'capacity %.1f, then %.1f: %d workers, %d an hour after the hold '
+        '(right: %d)' % (long_outputs, short_outputs, before, final, after))
+
   def test_windowed_max_follows_the_probes(self):
     # Why the value is not designed for a windowed max: the max is any one
     # worker's value, and a worker that has not measured yet offers more
@@ -1309,6 +1339,35 @@ class EstimatorTest(unittest.TestCase):
     self.assertFalse(estimator.measured)
     self.assertEqual(self.value, 32)
 
+  def test_a_full_cache_that_empties_is_estimated_again(self):
+    # 16 batches filled the cache: the capacity is 16. Then the prompts
+    # shrink: 16 batches hold 40% of the cache, 1.25 times it would hold
+    # 50%, under the 90% that saturates it. Past the hold, the estimator
+    # probes above what it measured, though the load never reached more.
+    # It does not where a queue measured it (the cache did not bound it),
+    # where the prior allows no more, or at 75% (94% for 1.25 times it).
+    for usage, kind, prior, expected in ((0.4, 'cache', 512, 28),
+                                         (0.4, 'cache', 128, 16),
+                                         (0.4, 'queue', 512, 16),
+                                         (0.75, 'cache', 512, 16)):
+      with self.subTest(usage=usage, measured_by=kind, prior=prior):
+        self.setUp()
+        estimator = self.estimator(max_running_requests=prior)
+        self.in_flight(estimator, 16)
+        if kind == 'cache':
+          self.scrape = scrape(128, 0, usage=0.95)
+          self.poll(estimator, 2)
+        else:
+          self.saturate(estimator, waiting=0, batches=16)
+          self.saturate(estimator, waiting=32, batches=20)
+          self.in_flight(estimator, 16)
+        self.assertEqual(self.value, 16)
+        self.scrape = scrape(128, 0, usage=usage)
+        self.poll(estimator, 740)
+        self.assertEqual(estimator.measured, expected == 16)
+        # 1.75 times the load of 16, at most twice the capacity.
+        self.assertEqual(self.value, expected)
+
   def test_the_most_load_of_the_hold_decides_a_re_estimate(self):
     # Within the hold, 20 batches without queueing change nothing: the
     # hold has not passed. Once it has, the load of the hold decides.
@@ -1513,6 +1572,31 @@ class EstimatorTest(unittest.TestCase):
     self.poll(estimator)
     self.assertIn('more than the 32', str(estimator.pop_notes()))
 
+  def test_a_scrape_must_hold_finite_counts(self):
+    estimator = self.estimator(max_running_requests=256)
+    twin = self.estimator(max_running_requests=256)
+    for client in (estimator, twin):
+      self.in_flight(client, 4)
+    cases = [
+        ('running', scrape(float('nan'), 0)),
+        ('waiting', scrape(8, None)),
+        ('waiting', scrape(8, -1)),
+        ('cache_usage', ServerScrape(8, 0, cache_usage=float('inf'))),
+        ('preemptions', ServerScrape(8, 0, preemptions=-1)),
+        ('finished', ServerScrape(8, 0, finished='9')),
+    ]
+    for field, bad in cases:
+      with self.subTest(field=field):
+        with self.assertRaisesRegex(ValueError, f'scrape.{field}'):
+          estimator.observe(self.now + 1, bad)
+    # The bad scrapes changed nothing: both answer the same estimate.
+    self.scrape = scrape(32, 0)
+    for client in (estimator, twin):
+      self.now = 0.0
+      self.poll(client, 50)
+    self.assertEqual(estimator.value(self.now), twin.value(self.now))
+    self.assertIsNotNone(estimator.value(self.now))
+
   def test_config_must_be_a_config(self):
     with self.assertRaisesRegex(TypeError, 'config'):
       CapacityEstimator({})
@@ -1587,7 +1671,7 @@ class ThreadTest(unittest.TestCase):
         AutoscalingConfig(
             poll_interval_secs=poll_interval_secs,
             max_running_requests=64,
-            saturated_queue_secs=0.1,
+            saturated_queue_secs=max(0.1, 2 * poll_interval_secs),
             settle_secs=0.1),
         **kwargs)
     self.addCleanup(publisher.stop)
@@ -1755,6 +1839,8 @@ class ValidationTest(unittest.TestCase):
         ('max_batches_in_flight', -2, ValueError),
         ('saturated_cache_usage', None, TypeError),
         ('saturated_queue_secs', -1, ValueError),
+        # The queue rule needs a scrape in each half of its span.
+        ('saturated_queue_secs', 9, ValueError),
         ('settle_secs', float('nan'), ValueError),
     ]
     for argument, value, error in cases:
