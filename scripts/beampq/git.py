@@ -253,6 +253,18 @@ def verify_applies_exactly(
         f'line {moved.group(2)}')
 
 
+def changed_paths(repo: Path, since: str,
+                  until: str) -> tuple[list[str], list[str]]:
+  """The files commit until changes since commit since, and those it adds."""
+  changed = output(
+      'diff', '--name-status', '--no-renames', since, until,
+      cwd=repo).splitlines()
+  modified = sorted(
+      line.split('\t', 1)[1] for line in changed if line[0] in 'MT')
+  added = sorted(line.split('\t', 1)[1] for line in changed if line[0] == 'A')
+  return modified, added
+
+
 def touched_paths(repo: Path, since: str) -> tuple[list[str], list[str]]:
   """The files repo's work tree changes since a commit and the files it
   adds, uncommitted and untracked work included."""

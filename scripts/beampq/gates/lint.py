@@ -16,13 +16,15 @@
 #
 
 """The lint gates, as Beam 2.77's lint env runs them, on the files the queue
-touches: ruff, yapf, the unittest.main check and pyrefly (`lint`), pylint
+touches: ruff (on the tree and at each pull request's head), yapf, the
+unittest.main check and pyrefly (`lint`), pylint
 and mypy with Beam's legacy settings, and `format`, which fixes what yapf
 and ruff's import sorting can fix."""
 
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from beampq import Error
@@ -61,6 +63,23 @@ def ruff_findings(sdk: Path, files: list[str]) -> list[Finding]:
   if result.returncode not in (0, 1):
     raise Error(f'ruff failed: {result.stderr.strip()}')
   return findings.parse_ruff(result.stdout, sdk)
+
+
+def ruff_at_heads(ws: Workspace) -> bool:
+  """The ruff ratchet at the head of each pull request before the last, as
+  each is submitted: a name that a later pull request defines or imports is
+  undefined there. True when no head adds a finding."""
+  ok = True
+  for name, commit in ws.pull_request_heads():
+    modified, added = ws.changed_at(commit)
+    files = modified + added
+    with tempfile.TemporaryDirectory() as scratch:
+      sdk = ws.sdk_at(commit, files, Path(scratch))
+      ok = findings.ratchet(
+          f'ruff at the head of {name} ({commit[:12]})',
+          ruff_findings(ws.base_sdk, modified),
+          ruff_findings(sdk, files)) and ok
+  return ok
 
 
 def pyrefly_findings(sdk: Path) -> list[Finding]:
@@ -126,6 +145,7 @@ def lint(ws: Workspace) -> int:
       'ruff',
       ruff_findings(ws.base_sdk, ws.modified),
       ruff_findings(ws.sdk, ws.files))
+  ok = ruff_at_heads(ws) and ok
   formatted = _yapf_files(_existing(ws.sdk, ws.files))
   diff = _tool('yapf', '--diff', *formatted, cwd=ws.sdk)
   if diff.returncode not in (0, 1) or diff.stderr.strip():

@@ -18,7 +18,9 @@
 """Tests of beampq.gates.lint on a small project's tree, with the real ruff
 and yapf the harness env installs."""
 
+from beampq import refresh
 from beampq import testing
+from beampq import tree
 from beampq.gates import lint
 from beampq.gates.workspace import Workspace
 
@@ -92,3 +94,35 @@ def test_format_leaves_files_outside_the_package_alone(project):
   sdk = project.tree / 'sdks/python'
   assert (sdk / 'setup.py').read_text() == setup
   assert (sdk / 'apache_beam/new_mod.py').read_text() == 'NEW = [1, 2]\n'
+
+
+def test_ruff_runs_at_the_head_of_each_pull_request(tmp_path, index, capsys):
+  # The first pull request uses math, which only the second imports: the
+  # tree is clean, but the first is submitted broken.
+  index.publish('apache_beam-9.9.0.tar.gz', testing.SDIST)
+  project = testing.make_project(tmp_path / 'repo')
+  tree.update(project)
+  uses_math = 'def area(r):\n  return math.pi * r * r\n'
+  testing.commit_in_tree(
+      project,
+      '[Python] Add area', {'sdks/python/apache_beam/area.py': uses_math})
+  testing.commit_in_tree(
+      project,
+      '[Python] Import math',
+      {'sdks/python/apache_beam/area.py': 'import math\n\n\n' + uses_math})
+  refresh.refresh(project)
+  testing.start_pull_request(
+      project, 'imports', '0002-Python-Import-math.patch')
+  ws = Workspace.open(project)
+  assert lint.ruff_findings(ws.sdk, ws.files) == []
+  assert lint.ruff_at_heads(ws) is False
+  out = capsys.readouterr().out
+  assert 'ruff at the head of fix' in out
+  assert "apache_beam/area.py:2: F821 Undefined name `math`" in out
+
+
+def test_ruff_at_heads_passes_a_clean_queue(project, capsys):
+  # make_queue: two pull requests, whose first changes only util.py, which
+  # is not Python to ruff, the same on the base.
+  assert lint.ruff_at_heads(Workspace.open(project)) is True
+  assert 'ruff at the head of fix' in capsys.readouterr().out

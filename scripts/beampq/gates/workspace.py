@@ -78,6 +78,50 @@ class Workspace:
   def test_modules(self) -> list[str]:
     return [f for f in self.files if f.endswith('_test.py')]
 
+  def pull_request_heads(self) -> list[tuple[str, str]]:
+    """Each pull request of the series but the last, with the tree's commit
+    of its last patch: what it is submitted as. Empty, with a message, when
+    the tree's commits are not one per patch (refresh first)."""
+    pull_requests = self.project.read_series().pull_requests
+    commits = git.commits_since(self.tree, tree_module.BASE_TAG)
+    patches = sum(len(pr.patches) for pr in pull_requests)
+    if len(commits) != patches:
+      print(
+          f'beampq: the tree has {len(commits)} commits for {patches} '
+          'patches: no pull request head is checked (refresh first)')
+      return []
+    heads, count = [], 0
+    for pr in pull_requests[:-1]:
+      count += len(pr.patches)
+      heads.append((pr.name, commits[count - 1]))
+    return heads
+
+  def changed_at(self, commit: str) -> tuple[list[str], list[str]]:
+    """The Python files (relative to sdk) a commit of the tree changes and
+    adds since the base."""
+    modified, added = git.changed_paths(self.tree, tree_module.BASE_TAG, commit)
+    subdir = self.project.base.subdir
+    return python_files(subdir, modified), python_files(subdir, added)
+
+  def sdk_at(self, commit: str, files: list[str], dest: Path) -> Path:
+    """Extracts the sdk folder's files (relative to it) at a commit of the
+    tree into dest, with the sdk's pyproject.toml (ruff's settings), and
+    returns the sdk folder there."""
+    subdir = self.project.base.subdir
+    paths = [f'{subdir}/{f}' for f in ['pyproject.toml', *files]]
+    paths = [
+        path for path in paths if git.attempt(
+            'cat-file', '-e', f'{commit}:{path}', cwd=self.tree).returncode == 0
+    ]
+    archive = git.binary_output(
+        'archive', '--format=tar', commit, '--', *paths, cwd=self.tree)
+    with tempfile.TemporaryFile() as buffer:
+      buffer.write(archive)
+      buffer.seek(0)
+      with tarfile.open(fileobj=buffer) as tar:
+        tar.extractall(dest, filter='data')
+    return dest / subdir
+
   @functools.cached_property
   def base_sdk(self) -> Path:
     """The base's Python SDK folder, extracted once into build/base (for
