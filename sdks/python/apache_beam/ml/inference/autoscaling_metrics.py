@@ -421,8 +421,9 @@ class CapacityEstimator:
   A measured capacity is answered times ``config.target_utilization``; an
   estimate is not, so that it still probes. Either is at most
   ``config.max_batches_in_flight``, the batches the worker can have in
-  flight. A batch in flight for more than 4 times the
-  longest that finished over the hold (and 300 s) is taken as lost.
+  flight. A batch in flight for more than 4 times the longest that
+  finished over the hold (and 300 s), or for the whole hold when none
+  finished, is taken as lost.
 
   Args:
     config: an AutoscalingConfig; the defaults when None.
@@ -638,8 +639,12 @@ class CapacityEstimator:
     cutoff = now - self._config.saturated_queue_secs
     while len(self._recent) > 1 and self._recent[0][0] < cutoff:
       self._recent.popleft()
+    # With no batch finished over the hold, one in flight for all of it is
+    # lost too.
+    limit = self._config.hold_secs
     if self._durations:
       limit = max(_MIN_EXPIRY_SECS, _EXPIRY_FACTOR * self._durations[0][1])
+    if self._in_flight:
       # The batches in flight, oldest first.
       lost = list(
           itertools.takewhile(

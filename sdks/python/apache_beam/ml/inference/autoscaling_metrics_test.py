@@ -1545,6 +1545,18 @@ class EstimatorTest(unittest.TestCase):
     self.in_flight(estimator, 3)
     self.assertEqual(estimator.batches_in_flight, 3)
 
+  def test_a_lost_batch_expires_with_none_finished(self):
+    # The client process died with every batch it had in flight, and the
+    # pipeline went idle: no batch finishes. After the hold, they are lost.
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 4)
+    self.scrape = scrape(32, 0)
+    self.poll(estimator, 720)
+    self.assertEqual(estimator.batches_in_flight, 4)
+    self.poll(estimator)
+    self.assertEqual(estimator.batches_in_flight, 0)
+    self.assertIn('more than 3600 s', str(estimator.pop_notes()))
+
   def test_why_there_is_no_value(self):
     estimator = self.estimator(max_running_requests=256)
     self.poll(estimator)
