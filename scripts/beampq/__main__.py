@@ -76,7 +76,7 @@ def tree_(project: Project, args: argparse.Namespace) -> int:
 
 
 def refresh_(project: Project, args: argparse.Namespace) -> int:
-  refresh.refresh(project)
+  refresh.refresh(project, force=args.force)
   return 0
 
 
@@ -154,7 +154,12 @@ def parser() -> argparse.ArgumentParser:
       '--force',
       action='store_true',
       help='rebuild even if build/beam has work not in patches/')
-  action('refresh', refresh_, 'write patches/ and sdks/ from the tree')
+  action('refresh', refresh_,
+         'write patches/ and sdks/ from the tree').add_argument(
+             '--force',
+             action='store_true',
+             help='overwrite patches/ and sdks/ changed since the tree was '
+             'built')
   action('check', check_, 'fail when the queue is inconsistent')
   action('apply', apply, 'apply to a Beam checkout').add_argument(
       'checkout', type=Path)

@@ -57,37 +57,67 @@ def _format_patch(
 
 
 class _PullRequestFinder:
-  """Which pull request a commit belongs to, from the series it was built
-  from: the pull request of the patch with the same subject, else of the
-  patch with the same diff (a reworded commit), else of the commit before
-  it (a new commit joins the pull request it follows)."""
+  """Which pull request each commit belongs to, from the series it was
+  built from: the pull request of the patch with the same subject (when
+  only one pull request has it), else of the patch with the same diff (a
+  reworded commit). A commit that matches neither takes the place of the
+  patch at its position when the queue kept its length (a commit both
+  reworded and amended), else joins the pull request of the commit before
+  it (a new commit joins the pull request it follows), unless the next
+  pull request lost a patch, which it may be: that is refused."""
   def __init__(self, previous: series_model.Series, patches_dir: Path):
     if not previous.pull_requests:
       raise Error(
           'the series names no pull request: add a "[name]" line to '
           'patches/series for the commits to belong to')
     self.first = previous.pull_requests[0].name
-    self.by_subject: dict[str, str] = {}
+    self.by_subject: dict[str, set[str]] = {}
     self.by_diff: dict[str, str] = {}
+    self.positions: list[str] = []
     for pr in previous.pull_requests:
       for patch in pr.patches:
+        self.positions.append(pr.name)
         path = patches_dir / patch.name
         if not path.is_file():
           continue
         text = path.read_text()
-        self.by_subject.setdefault(git.patch_subject(text), pr.name)
+        self.by_subject.setdefault(git.patch_subject(text), set()).add(pr.name)
         diff = git.patch_id(text)
         if diff:
           self.by_diff.setdefault(diff, pr.name)
-    self.last: Optional[str] = None
 
-  def __call__(self, subject: str, patch_text: str) -> str:
-    found = self.by_subject.get(subject)
-    if found is None:
-      diff = git.patch_id(patch_text)
-      found = self.by_diff.get(diff) if diff else None
-    self.last = found or self.last or self.first
-    return self.last
+  def _match(self, subject: str, patch_text: str) -> Optional[str]:
+    owners = self.by_subject.get(subject, set())
+    if len(owners) == 1:
+      return next(iter(owners))
+    diff = git.patch_id(patch_text)
+    return self.by_diff.get(diff) if diff else None
+
+  def assign(self, commits: list[tuple[str, str]]) -> list[str]:
+    """The pull request of each (subject, patch text), in queue order."""
+    found = [self._match(subject, text) for subject, text in commits]
+    if len(commits) == len(self.positions):
+      return [name or self.positions[i] for i, name in enumerate(found)]
+    order = list(dict.fromkeys(self.positions))
+    names: list[str] = []
+    for i, match in enumerate(found):
+      name = match
+      if name is None:
+        name = names[-1] if names else self.first
+        later = next((n for n in found[i + 1:] if n is not None), None)
+        after = order[order.index(name) + 1:] if name in order else []
+        lost = [
+            pr for pr in after if found.count(pr) < self.positions.count(pr)
+        ]
+        if later != name and lost:
+          raise Error(
+              f'"{commits[i][0]}" matches no patch by subject or diff and '
+              f'follows [{name}], while [{lost[0]}] lost a patch: it may be '
+              'either\'s. Refresh a commit you reworded and amended in two '
+              'steps (reword, refresh, then amend), and add or drop commits '
+              'in a refresh of their own')
+      names.append(name)
+    return names
 
 
 def write_patches(
@@ -106,14 +136,14 @@ def write_patches(
     raise Error(f'{repo} HEAD does not descend from the base')
   if git.output('rev-list', '--merges', f'{base_commit}..HEAD', cwd=repo):
     raise Error(f'{repo} has merge commits; the queue must be linear')
-  pull_request_of = _PullRequestFinder(previous, patches_dir)
+  finder = _PullRequestFinder(previous, patches_dir)
   upstream = set(
       git.output('ls-tree', '-r', '--name-only', base_commit,
                  cwd=repo).split('\n'))
   (out / 'patches').mkdir(parents=True)
   owner: dict[str, str] = {}
   patches = []
-  names = []
+  made = []
   for number, commit in enumerate(git.commits_since(repo, base_commit), 1):
     subject = git.output('log', '-1', '--format=%s', commit, cwd=repo)
     fields = git.output(
@@ -155,7 +185,8 @@ def write_patches(
       text = text[:end + 1]
       patch.write_text(text)
     patches.append(series_model.Patch(patch.name, added))
-    names.append(pull_request_of(subject, text))
+    made.append((subject, text))
+  names = finder.assign(made)
   for path in owner:
     target = out / path
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -165,10 +196,12 @@ def write_patches(
   return series
 
 
-def refresh(project: Project):
+def refresh(project: Project, force: bool = False):
   """Writes patches/, sdks/ and the series from build/beam's commits, made
   the user's: every commit gets git's identity as its author (keeping its
-  date), so the patches carry the name of whoever refreshed them."""
+  date), so the patches carry the name of whoever refreshed them. Refuses,
+  unless force, when patches/ or sdks/ changed since the tree was built or
+  refreshed: it would overwrite those changes."""
   tree = project.tree
   now = state.tree_state(project)
   if now.stamp is None:
@@ -185,12 +218,19 @@ def refresh(project: Project):
     raise Error(
         f'{project.rel(tree)} has uncommitted changes '
         f'({dirty[0].strip()}, ...): commit them first')
+  previous = project.read_series()
+  if not force and now.stamp.get('digest') != state.inputs_digest(project,
+                                                                  previous):
+    raise Error(
+        'patches/ or sdks/ changed since '
+        f'{project.rel(tree)} was built or refreshed (edited, or pulled): '
+        'refreshing would overwrite them. Rebuild the tree from them '
+        '(`beampq tree`), or pass --force to overwrite them')
   author = git.identity('AUTHOR', project.root)
   rewritten = git.set_author(
       tree, now.base_commit, author, git.identity('COMMITTER', project.root))
   if rewritten:
     print(f'beampq: {rewritten} commits now have the author {author}')
-  previous = project.read_series()
   with tempfile.TemporaryDirectory(dir=project.build) as scratch:
     out = Path(scratch)
     series = write_patches(

@@ -176,3 +176,67 @@ def test_refresh_needs_a_tree(tmp_path, index):
   project = testing.make_project(tmp_path)
   with pytest.raises(Error, match='not a tree built by beampq'):
     refresh.refresh(project)
+
+
+def _edit_util(project, old, new):
+  util = project.tree / 'sdks/python/apache_beam/util.py'
+  util.write_text(util.read_text().replace(old, new))
+
+
+def _pull_requests(project):
+  return [(pr.name, [p.name for p in pr.patches])
+          for pr in project.read_series().pull_requests]
+
+
+def test_a_reworded_and_amended_commit_keeps_its_pull_request(project):
+  # The first (and only) patch of `feature`, reworded and amended at once,
+  # matches no patch by subject or diff: it takes its position's pull
+  # request, not that of the commit before it.
+  _edit_util(project, 'thirty\n', 'THIRTY\n')
+  tree_git(project, 'commit', '-qa', '--amend', '-m', '[Python] Add new_mod')
+  refresh.refresh(project)
+  assert _pull_requests(project) == [
+      ('fix', [FIRST]), ('feature', ['0002-Python-Add-new_mod.patch'])
+  ]
+  check.check(project)
+
+
+def test_refresh_refuses_a_commit_that_may_be_either_pull_requests(project):
+  # As above, and a new commit at the end: the queue grew, so positions say
+  # nothing, and the edited commit may end `fix` or start `feature`.
+  _edit_util(project, 'thirty\n', 'THIRTY\n')
+  tree_git(project, 'commit', '-qa', '--amend', '-m', '[Python] Add new_mod')
+  commit_in_tree(
+      project, '[Python] Add x', {'sdks/python/apache_beam/x.py': 'X\n'})
+  with pytest.raises(Error,
+                     match='"\\[Python\\] Add new_mod" matches no patch'):
+    refresh.refresh(project)
+
+
+def test_a_new_commit_joins_the_pull_request_it_follows(project):
+  # A new commit at the end of `fix` (before `feature`'s, which keeps its
+  # patch) joins `fix`.
+  tree_git(project, 'rebase', '-q', '--exec', 'true', tree.BASE_TAG)
+  first = tree_git(project, 'rev-list', '--reverse', f'{tree.BASE_TAG}..HEAD')
+  first = first.split()[0]
+  second = tree_git(project, 'rev-parse', 'HEAD')
+  tree_git(project, 'reset', '-q', '--hard', first)
+  commit_in_tree(
+      project, '[Python] Add y', {'sdks/python/apache_beam/y.py': 'Y\n'})
+  tree_git(project, 'cherry-pick', second)
+  refresh.refresh(project)
+  assert _pull_requests(project) == [
+      ('fix', [FIRST, '0002-Python-Add-y.patch']),
+      ('feature', ['0003-Python-Add-a-module.patch']),
+  ]
+
+
+def test_refresh_refuses_to_overwrite_edited_patches(project):
+  patch = project.patches / FIRST
+  edited = patch.read_text().replace('+five', '+FIVE')
+  patch.write_text(edited)
+  with pytest.raises(Error, match='patches/ or sdks/ changed since'):
+    refresh.refresh(project)
+  assert patch.read_text() == edited
+  refresh.refresh(project, force=True)
+  assert '+five' in patch.read_text()

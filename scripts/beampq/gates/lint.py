@@ -68,9 +68,13 @@ def ruff_findings(sdk: Path, files: list[str]) -> list[Finding]:
 def ruff_at_heads(ws: Workspace) -> bool:
   """The ruff ratchet at the head of each pull request before the last, as
   each is submitted: a name that a later pull request defines or imports is
-  undefined there. True when no head adds a finding."""
+  undefined there. True when no head adds a finding; False when the heads
+  cannot be told."""
+  heads = ws.pull_request_heads()
+  if heads is None:
+    return False
   ok = True
-  for name, commit in ws.pull_request_heads():
+  for name, commit in heads:
     modified, added = ws.changed_at(commit)
     files = modified + added
     with tempfile.TemporaryDirectory() as scratch:

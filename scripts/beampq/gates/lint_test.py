@@ -126,3 +126,11 @@ def test_ruff_at_heads_passes_a_clean_queue(project, capsys):
   # is not Python to ruff, the same on the base.
   assert lint.ruff_at_heads(Workspace.open(project)) is True
   assert 'ruff at the head of fix' in capsys.readouterr().out
+
+
+def test_ruff_at_heads_fails_when_the_heads_cannot_be_told(project, capsys):
+  # A commit not refreshed yet: the tree's commits are not one per patch.
+  testing.commit_in_tree(
+      project, 'Local', {'sdks/python/apache_beam/new_mod.py': 'NEW = 2\n'})
+  assert lint.ruff_at_heads(Workspace.open(project)) is False
+  assert '3 commits for 2 patches' in capsys.readouterr().out

@@ -23,6 +23,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 from typing import Iterable
+from typing import Optional
 
 from beampq import git
 from beampq import tree as tree_module
@@ -78,9 +79,9 @@ class Workspace:
   def test_modules(self) -> list[str]:
     return [f for f in self.files if f.endswith('_test.py')]
 
-  def pull_request_heads(self) -> list[tuple[str, str]]:
+  def pull_request_heads(self) -> Optional[list[tuple[str, str]]]:
     """Each pull request of the series but the last, with the tree's commit
-    of its last patch: what it is submitted as. Empty, with a message, when
+    of its last patch: what it is submitted as. None, with a message, when
     the tree's commits are not one per patch (refresh first)."""
     pull_requests = self.project.read_series().pull_requests
     commits = git.commits_since(self.tree, tree_module.BASE_TAG)
@@ -88,8 +89,9 @@ class Workspace:
     if len(commits) != patches:
       print(
           f'beampq: the tree has {len(commits)} commits for {patches} '
-          'patches: no pull request head is checked (refresh first)')
-      return []
+          'patches: its pull requests\' heads cannot be told (refresh '
+          'first)')
+      return None
     heads, count = [], 0
     for pr in pull_requests[:-1]:
       count += len(pr.patches)
