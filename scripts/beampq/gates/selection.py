@@ -69,8 +69,9 @@ def _imports(node: ast.stmt) -> dict[str, str]:
   assert isinstance(node, (ast.Import, ast.ImportFrom))
   for alias in node.names:
     if isinstance(node, ast.Import):
-      name = alias.asname or alias.name.split('.')[0]
-      bound[name] = alias.name if alias.asname else alias.name.split('.')[0]
+      # `import a.b` binds a, but imports a.b too: keyed by the dotted name,
+      # swapping it for `import a.c` is a change.
+      bound[alias.asname or alias.name] = alias.name
     else:
       name = alias.asname or alias.name
       bound[name] = f'{"." * node.level}{node.module or ""}:{alias.name}'
@@ -85,11 +86,25 @@ def _stored_names(node: ast.AST) -> set[str]:
   }
 
 
+# Module-level functions that unittest or pytest call around every test of
+# the module.
+_MODULE_HOOKS = frozenset((
+    'setUpModule',
+    'tearDownModule',
+    'load_tests',
+    'setup_module',
+    'teardown_module'))
+
+
 def _only_binds(node: ast.stmt) -> bool:
   """Whether a statement does nothing but bind names: a function
-  definition, or an assignment to plain names."""
+  definition that is neither a module hook nor a pytest fixture (an autouse
+  one runs around every test), or an assignment to plain names."""
   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-    return True
+    fixture = any(
+        'fixture' in ast.unparse(decorator)
+        for decorator in node.decorator_list)
+    return not fixture and node.name not in _MODULE_HOOKS
   if isinstance(node, ast.Assign):
     targets = node.targets
   elif isinstance(node, ast.AnnAssign):
@@ -163,8 +178,9 @@ class _ModuleShape:
         n: s.dump
         for n, s in classes.items() if n not in tests
     }
-    self.names = (
-        set(self.imports) | set(classes) | set().union(*self.other.values()))
+    self.names = ({name.split('.')[0]
+                   for name in self.imports} | set(classes)
+                  | set().union(*self.other.values()))
 
   def reaches_old_tests(self, base: '_ModuleShape') -> bool:
     """Whether this module's code outside its test classes, against base's,
@@ -176,7 +192,7 @@ class _ModuleShape:
       return True
     if any(statement not in self.other for statement in base.other):
       return True
-    added = [n for n in self.imports if n not in base.imports]
+    added = [n.split('.')[0] for n in self.imports if n not in base.imports]
     added += [n for n in self.helper_classes if n not in base.helper_classes]
     added += [n for n in self.classes if n not in base.classes]
     for statement, names in self.other.items():

@@ -164,6 +164,9 @@ def test_new_module_code_runs_the_module_when_it_may_reach_old_tests():
       BASE + '\nunittest.TestCase.maxDiff = None\n',
       BASE + '\nprint(LIMIT)\n',
       BASE + '\ntry:\n  import numpy\nexcept ImportError:\n  numpy = None\n',
+      # Hooks and fixtures that run around every test of the module.
+      BASE + '\n\ndef setUpModule():\n  raise RuntimeError()\n',
+      BASE + '\n\n@pytest.fixture(autouse=True)\ndef slow():\n  pass\n',
   )
   for tree in reaching:
     assert selection.module_selection(BASE, tree) == ALL, tree
@@ -268,3 +271,11 @@ def test_the_plugin_runs_only_the_selected_tests(tmp_path):
       'pkg/a_test.py::BTest::test_b_0_fast',
   ]
   assert '5 deselected' in result.stdout
+
+
+def test_a_swapped_dotted_import_runs_the_module():
+  base = BASE.replace('import unittest', 'import os.path\nimport unittest')
+  swapped = base.replace('import os.path', 'import os.abc')
+  assert selection.module_selection(base, swapped) == ALL
+  added = base.replace('import os.path', 'import os.path\nimport json.decoder')
+  assert selection.module_selection(base, added) == {}
