@@ -447,6 +447,8 @@ def run_trees(base_sdk: Path,
 def run(ws: Workspace, select: Optional[str] = None) -> int:
   """The gate: runs the cases (those whose name contains select) on the
   base and the patched tree, prints the report; 1 when it fails."""
+  if not cases(select):
+    raise Error(f'differential: -k {select!r} matches no case')
   started = time.monotonic()
   base, patched = run_trees(ws.base_sdk, ws.sdk, select)
   text, passed = report(verdicts(base, patched))

@@ -300,3 +300,9 @@ def test_slowest_lists_both_trees():
   patched = {'a': {'seconds': 2.0}, 'b': {'error': 'x'}}
   assert differential.slowest(base, patched, 2) == [(3.0, 'base', 'b'),
                                                     (2.0, 'patched', 'a')]
+
+
+def test_a_selection_that_matches_no_case_is_an_error():
+  # Checked before either tree runs: the workspace is never read.
+  with pytest.raises(Error, match="-k 'no-such-case' matches no case"):
+    differential.run(None, 'no-such-case')
