@@ -253,6 +253,24 @@ def verify_applies_exactly(
         f'line {moved.group(2)}')
 
 
+def side_work(repo: Path) -> list[str]:
+  """What a repository holds besides its checked-out branch: its stashes
+  and its other branches, described."""
+  found = []
+  stashes = output('stash', 'list', cwd=repo).splitlines()
+  if stashes:
+    found.append(f'{len(stashes)} stashes')
+  current = output('branch', '--show-current', cwd=repo)
+  branches = [
+      b for b in output(
+          'for-each-ref', '--format=%(refname:short)', 'refs/heads',
+          cwd=repo).splitlines() if b != current
+  ]
+  if branches:
+    found.append(f'branches {", ".join(branches)}')
+  return found
+
+
 def changed_paths(repo: Path, since: str,
                   until: str) -> tuple[list[str], list[str]]:
   """The files commit until changes since commit since, and those it adds."""

@@ -169,6 +169,12 @@ def update(
         f'{project.rel(tree)} has work that is not in patches/ '
         f'({"; ".join(now.local_work)}): run `beampq refresh` to keep it '
         'or `beampq tree --force` to discard it')
+  side = git.side_work(tree) if (tree / '.git').is_dir() else []
+  if side and not force:
+    raise Error(
+        f'{project.rel(tree)} has {" and ".join(side)}, which a rebuild '
+        'would discard: apply or move them elsewhere, or run `beampq tree '
+        '--force` to discard them')
   project.build.mkdir(parents=True, exist_ok=True)
   scratch = Path(tempfile.mkdtemp(prefix='.beam-', dir=project.build))
   try:

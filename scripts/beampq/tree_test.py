@@ -129,6 +129,20 @@ def test_tree_keeps_local_work(project):
       project, 'log', '-1', '--format=%s') == '[Python] Add a module'
 
 
+def test_tree_keeps_stashes_and_branches(project):
+  # Neither moves HEAD nor dirties the tree, but a rebuild would lose them.
+  (project.tree / 'sdks/python/apache_beam/new_mod.py').write_text('W = 1\n')
+  tree_git(project, 'stash', '-q')
+  tree_git(project, 'branch', 'wip')
+  patch = project.patches / FIRST
+  patch.write_text(patch.read_text() + '\n')
+  with pytest.raises(Error, match='has 1 stashes and branches wip'):
+    tree.update(project)
+  assert tree_git(project, 'stash', 'list')
+  tree.update(project, force=True)
+  assert not tree_git(project, 'stash', 'list')
+
+
 def test_a_patch_that_does_not_apply_fails_and_leaves_no_tree(project):
   patch = project.patches / SECOND
   patch.write_text(patch.read_text().replace(' line 29\n', ' line 29 !\n'))
