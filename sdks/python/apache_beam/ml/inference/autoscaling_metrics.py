@@ -594,7 +594,7 @@ class CapacityEstimator:
       self._measured = self._capacity
     elif (self._capacity is not None and
           now - self._measured_at > self._config.hold_secs and
-          self._room_grew()):
+          self._room_grew(self._capacity)):
       self._note(
           'no saturated scrape for %s s: it estimates the capacity again '
           'until it measures' % self._config.hold_secs)
@@ -692,15 +692,13 @@ class CapacityEstimator:
       self._load_rose_at = now
     _note_most(self._loads, now, batches)
 
-  def _room_grew(self) -> bool:
+  def _room_grew(self, capacity: float) -> bool:
     """Whether what the hold saw says the capacity grew past 1.25 times
     the one measured: the server served that many batches without queueing;
     or a capacity its full cache bounded would now fit 1.25 times below
     config.saturated_cache_usage, at the most cache its scrapes without a
     queue held per batch in flight, and its prior, when known, allows it."""
-    if self._capacity is None:
-      return False
-    grown = _OUTGROWN * self._capacity
+    grown = _OUTGROWN * capacity
     if self._loads and self._loads[0][1] >= grown:
       return True
     if not self._cache_bound or not self._usage_per_batch:
