@@ -271,27 +271,23 @@ def side_work(repo: Path) -> list[str]:
   return found
 
 
-def changed_paths(repo: Path, since: str,
-                  until: str) -> tuple[list[str], list[str]]:
-  """The files commit until changes since commit since, and those it adds."""
+def changed_paths(repo: Path,
+                  since: str,
+                  until: Optional[str] = None) -> tuple[list[str], list[str]]:
+  """The files changed since commit since and the files added: at commit
+  until, or in repo's work tree when until is None (uncommitted and
+  untracked work included)."""
   changed = output(
-      'diff', '--name-status', '--no-renames', since, until,
+      'diff',
+      '--name-status',
+      '--no-renames',
+      since,
+      *([until] if until else []),
       cwd=repo).splitlines()
   modified = sorted(
       line.split('\t', 1)[1] for line in changed if line[0] in 'MT')
-  added = sorted(line.split('\t', 1)[1] for line in changed if line[0] == 'A')
-  return modified, added
-
-
-def touched_paths(repo: Path, since: str) -> tuple[list[str], list[str]]:
-  """The files repo's work tree changes since a commit and the files it
-  adds, uncommitted and untracked work included."""
-  changed = output(
-      'diff', '--name-status', '--no-renames', since, cwd=repo).splitlines()
-  untracked = output(
-      'ls-files', '--others', '--exclude-standard', cwd=repo).splitlines()
-  modified = sorted(
-      line.split('\t', 1)[1] for line in changed if line[0] in 'MT')
-  added = sorted([line.split('\t', 1)[1]
-                  for line in changed if line[0] == 'A'] + untracked)
-  return modified, added
+  added = [line.split('\t', 1)[1] for line in changed if line[0] == 'A']
+  if until is None:
+    added += output(
+        'ls-files', '--others', '--exclude-standard', cwd=repo).splitlines()
+  return modified, sorted(added)

@@ -198,14 +198,14 @@ def test_patch_subject_and_id(tmp_path):
   assert git.patch_id(reworded.split('\ndiff --git')[0]) is None
 
 
-def test_touched_paths_include_uncommitted_work(tmp_path):
+def test_changed_paths_include_uncommitted_work(tmp_path):
   repo = make_repo(tmp_path / 'repo')
   base = commit(repo, 'a', '1\n', 'base')
   (repo / 'b').write_text('')
   commit(repo, 'b', 'b\n', 'add b')
   (repo / 'a').write_text('edited\n')
   (repo / 'c').write_text('untracked\n')
-  assert git.touched_paths(repo, base) == (['a'], ['b', 'c'])
+  assert git.changed_paths(repo, base) == (['a'], ['b', 'c'])
 
 
 def test_operation_in_progress(tmp_path):

@@ -63,7 +63,7 @@ class Workspace:
     """Brings build/beam up to date (keeping local work) and reads what it
     touches."""
     tree = tree_module.update(project, local_work_ok=True)
-    modified, added = git.touched_paths(tree, tree_module.BASE_TAG)
+    modified, added = git.changed_paths(tree, tree_module.BASE_TAG)
     subdir = project.base.subdir
     return cls(
         project,
