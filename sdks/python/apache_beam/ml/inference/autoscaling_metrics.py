@@ -824,7 +824,9 @@ class PrometheusNumLoadedModelsPublisher:
   logged and tells the estimator nothing: polling goes on and the
   estimator's value is published again. So is a poll that has nothing to
   publish, with the reason. A
-  counter that goes down was reset. ``set_metrics_url`` points the
+  counter that goes down was reset; when the count of finished requests
+  goes down, the server restarted at the same URL, and no interval spans
+  the restart. ``set_metrics_url`` points the
   publisher at a restarted server and keeps what it measured. ``stop()``
   publishes 0 and ends the thread within 2 seconds, whatever the server
   does; so does the collection of ``owner``, without waiting. A scrape that
@@ -924,6 +926,8 @@ class PrometheusNumLoadedModelsPublisher:
     self._line_prefixes = tuple(
         name + end for name in wanted for end in ('{', ' '))
     self._counter_values: dict[str, float] = {}
+    # The server's count of finished requests at the last scrape.
+    self._finished: Optional[float] = None
     # Guards the estimator, which the client's threads tell their batches.
     self._lock = threading.Lock()
     # The socket of the scrape in progress, which stop() may cut.
@@ -1141,8 +1145,12 @@ class PrometheusNumLoadedModelsPublisher:
     with self._lock:
       if url != self._url:
         return False
-      restarted = url != self._scraped_url
+      finished = _total(values.get(self._names.finished))
+      restarted = url != self._scraped_url or (
+          finished is not None and self._finished is not None and
+          finished < self._finished)
       self._scraped_url = url
+      self._finished = finished
       if restarted:
         # A new server: nothing spans the restart, its counters start at 0.
         self._estimator.server_restarted()

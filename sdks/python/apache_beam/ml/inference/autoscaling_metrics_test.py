@@ -1832,6 +1832,10 @@ class CountersTest(unittest.TestCase):
     state['page'] = vllm_text(0, 0, hits=50, queries=300)
     publisher._poll()
     self.assertEqual(counters(), (156, 480))
+    # So does one restarted at the same URL: it has finished fewer requests.
+    state['page'] = vllm_text(0, 0, finished=100, hits=60, queries=310)
+    publisher._poll()
+    self.assertEqual(counters(), (216, 790))
 
 
 class ValidationTest(unittest.TestCase):
