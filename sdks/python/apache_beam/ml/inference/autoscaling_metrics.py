@@ -722,9 +722,9 @@ class CapacityEstimator:
     return limit / size if size > 0 else None
 
   def _estimate(self, now: float) -> Optional[float]:
-    """The capacity while none is measured: between the most batches served
-    without queueing and the prior, at most twice the former (and twice what
-    was measured last), or None."""
+    """The capacity while none is measured, or None: from the most batches
+    served without queueing toward the prior, and from 1.25 to 2 times what
+    was measured last (the rules are in the class docstring)."""
     if not self._loads:
       self._why = (
           'no batches in flight'

@@ -243,10 +243,11 @@ class PrefixBatchingConfig:
 
   Args:
     num_shards: how many sub-keys, each batched on its own, a prefix may be
-      spread over: an int, a mapping from keys to ints, or a callable from a
-      key to an int (see BatchElements' num_shards). A mapping is keyed by
-      what the key function returns: the prefix text for PromptPrefixKeyFn,
-      a (role, text) pair for ChatPrefixKeyFn; unlisted keys get one shard.
+      spread over: an int, a mapping from keys to ints, a callable from a
+      key to an int, or an AdaptiveNumShards (see BatchElements'
+      num_shards). A mapping is keyed by what the key function returns: the
+      prefix text for PromptPrefixKeyFn, a (role, text) pair for
+      ChatPrefixKeyFn; unlisted keys get one shard.
       One shard gives the most cache reuse but serves a prefix on one worker
       at a time, which caps a prefix shared by most of the traffic at one
       worker's throughput; more shards spread such a prefix over more
