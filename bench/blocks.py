@@ -106,7 +106,23 @@ def _losses(results, name='default', limit=8):
   return (
       f'It is below {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
       f'baseline at {len(below)} of {goals["points"]} points, the worst '
-      f'{listed}{more}.')
+      f'{listed}{more}.' + _other_references(goals))
+
+
+def _other_references(goals, limit=3):
+  """Where the default loses by measures beside the goals' own."""
+  stateless = goals['below_stateless']
+  listed = ', '.join(
+      f'{b["at"].replace(".", " ")} ({b["ratio"]:.2f}x)'
+      for b in stateless[:limit])
+  return (
+      ' Against 2.77.0\'s stateless path, the second streaming reference '
+      '(per-bundle batches on the reading worker, no shuffle), it is below '
+      f'{v4_summary.NEVER_SLOWER:.2f}x at {len(stateless)} of '
+      f'{goals["streaming_points"]} streaming points'
+      f'{", the worst " + listed if stateless else ""}. Scored over 2 s '
+      f'windows instead of 10 s, {len(goals["below_2s"])} of '
+      f'{goals["points"]} points are below its deployment\'s baseline.')
 
 
 def _wins(results, name='default'):

@@ -371,18 +371,25 @@ def bound(
     workers,
     batch_size,
     cell_us=CELL_US,
-    shuffles=0) -> dict:
+    shuffles=0,
+    in_flight=None) -> dict:
   """The valid upper bound's capacity (see the module docstring), the same
   for every window size. With shuffles, each request also pays that many
   element shuffles: the bound of every strategy that shuffles each element
-  as often."""
+  as often. in_flight is the most requests a worker's DoFn threads can have
+  in flight (their count times batch_size, at most max_num_seqs, the
+  default): the engine runs at its rate there, which no strategy passes."""
   seen: set = set()
   work = 0.0
   scored = 0
   computed = total = 0
   full = model.batch_overhead(batch_size) / batch_size
+  if in_flight is None:
+    in_flight = model.max_num_seqs
+  prefill_rate = model.efficiency(in_flight, model.prefill_half)
   decode = (
-      decode_tokens * model.decode_token_tokens +
+      decode_tokens * model.decode_token_tokens /
+      model.efficiency(in_flight, model.decode_half) +
       shuffles * model.shuffle_tokens)
   for request in requests:
     counted = request.arrival_us // cell_us >= t0_cell
@@ -399,7 +406,7 @@ def bound(
       scored += 1
       computed += tokens
       total += size
-      work += tokens * BLOCK_TOKENS + full + decode
+      work += tokens * BLOCK_TOKENS / prefill_rate + full + decode
   capacity = scored / (work / workers) if work else math.inf
   return {
       'capacity': {

@@ -18,6 +18,8 @@
 """Tests of benchmark v4's placements, scoring and bound, and of its cost
 model and batch deployment."""
 
+import dataclasses
+
 import pytest
 
 from bench import batch as batch_model
@@ -133,6 +135,22 @@ def test_the_bound_computes_each_prefix_once_per_fleet():
   # A prefix seen before t0 is not charged again.
   late = deploy.bound(requests, 1, 0, FREE, 2, 8)
   assert late['requests'] == 0 or late['capacity']['10s'] > 0
+
+
+def test_the_bound_runs_the_engine_at_the_most_requests_in_flight():
+  model = dataclasses.replace(FREE, prefill_half=4.0, decode_half=48.0)
+  requests = [shared_request(i, 0.1 * i, i % 2) for i in range(10)]
+  top = deploy.bound(requests, 0, 16, model, 2, 8)
+  # Workers of 16 DoFn threads hold at most 128 requests, where the engine
+  # computes a prompt token and a decoded one more slowly than at 256.
+  capped = deploy.bound(requests, 0, 16, model, 2, 8, in_flight=128)
+  prefill = (2 * 4 + 10 * 1) * BLOCK_TOKENS
+  work = (
+      prefill / model.efficiency(128, 4.0) +
+      10 * 16 / model.efficiency(128, 48.0))
+  assert capped['capacity']['10s'] == pytest.approx(10 / (work / 2))
+  assert capped['capacity']['10s'] < top['capacity']['10s']
+  assert top['capacity']['10s'] == pytest.approx(10 / ((prefill + 10 * 16) / 2))
 
 
 def test_a_spread_first_stage_moves_a_keys_measuring_off_one_worker():

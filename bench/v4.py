@@ -164,10 +164,13 @@ def _charges(spec):
   }
 
 
-def _bounds(requests, t0_cell, decode, model, workers, batch_size, charges):
+def _bounds(
+    requests, t0_cell, decode, model, workers, batch_size, charges, copies):
   """The bound, and the bound with each element shuffled as often as the
-  charges of the default shuffle it."""
+  charges of the default shuffle it, for workers of `copies` DoFn
+  threads."""
   shuffles = charges.shuffles + int(charges.first_stage)
+  in_flight = model.in_flight(copies, batch_size)
   return {
       name: [
           deploy.bound(
@@ -177,7 +180,8 @@ def _bounds(requests, t0_cell, decode, model, workers, batch_size, charges):
               model,
               workers,
               batch_size,
-              shuffles=count)
+              shuffles=count,
+              in_flight=in_flight)
       ]
       for name, count in (('bound', 0), ('bound_shuffled', shuffles))
   }
@@ -273,11 +277,28 @@ def streaming_task(workload, r_key, seed, quick):
     for p in P_SWEEP:
       if p == PROCESSES_PER_WORKER:
         continue
-      batches = fleet.form_batches(
-          requests, policies.PerProcessKey(copies_for(p)), bs, buffering)
-      for salt in salts:
-        p_runs[(p, salt)] = run(
-            batches, deploy.HashPlacer(w, salt), charges['baseline'])
+      # Both at P processes: the default's cold keys are those of the
+      # processes that measure them.
+      copies_p = copies_for(p)
+      formed_p = {
+          'baseline': fleet.form_batches(
+              requests, policies.PerProcessKey(copies_p), bs, buffering),
+          'default': fleet.form_batches(
+              requests,
+              policies.route_for(
+                  spec,
+                  copies_p,
+                  seed,
+                  batch_size=bs,
+                  buffering_s=BUFFERING_S,
+                  cold_key=cold_key_of(seed, w, p)),
+              bs,
+              buffering),
+      }
+      for name, batches in formed_p.items():
+        for salt in salts:
+          p_runs[(p, name, salt)] = run(
+              batches, deploy.HashPlacer(w, salt), charges[name])
   span = requests[-1].arrival_us
   shared = [runs[('stateless', )]] + [runs[('lpt', d)] for d in f3_decodes]
   out = {'deployments': {}, 'span_s': span / MICROS}
@@ -314,20 +335,31 @@ def streaming_task(workload, r_key, seed, quick):
         lpt_run = runs[('lpt', f3_decodes[0])]
       rows['lpt'] = [deploy.score(lpt_run, t0_cell, decode, model, copies_n, n)]
       rows.update(
-          _bounds(requests, t0_cell, decode, model, w, bs, charges['default']))
+          _bounds(
+              requests,
+              t0_cell,
+              decode,
+              model,
+              w,
+              bs,
+              charges['default'],
+              copies_n))
     if dep == 'streaming_F2' and p_runs:
       figures['p_sweep'] = {
-          p: [
-              deploy.score(
-                  p_runs[(p, salt)],
-                  t0_cell,
-                  0,
-                  model,
-                  p * THREADS_PER_PROCESS,
-                  n) for salt in salts
-          ]
+          p: {
+              name: [
+                  deploy.score(
+                      p_runs[(p, name, salt)],
+                      t0_cell,
+                      0,
+                      model,
+                      p * THREADS_PER_PROCESS,
+                      n) for salt in salts
+              ]
+              for name in ('baseline', 'default')
+          }
           for p in sorted({p
-                           for p, _ in p_runs})
+                           for p, _, _ in p_runs})
       }
     out['deployments'][dep] = {
         't0_s': t0 / MICROS,
@@ -457,7 +489,10 @@ def batch_task(workload, r_key, seed, quick):
           if (name, salt) in keyed_runs
       ]
     rows['baseline'] = [score(base[salt], decode) for salt in salts]
-    rows.update(_bounds(requests, 0, decode, model, w, bs, charges['default']))
+    rows.update(
+        _bounds(
+            requests, 0, decode, model, w, bs, charges['default'],
+            BATCH_COPIES))
   return {
       'deployments': {
           'batch': {

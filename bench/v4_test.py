@@ -134,6 +134,15 @@ def test_the_summary_holds_every_required_point():
   assert w0['R0_25']['D64'] == w0['R4']['D64'] == w0['R64']['D64']
   sweep = section['streaming_F2']['p_sweep']['processes']
   assert set(sweep) == {str(p) for p in v4.P_SWEEP}
+  # At the deployment's own P the sweep is the point itself; elsewhere the
+  # default runs with P processes as the baseline does.
+  assert sweep[str(v4.PROCESSES_PER_WORKER)]['ratio'] == (
+      section['streaming_F2']['W1']['R4']['D0']['default']['ratio'])
+  for task in done():
+    figures = task['deployments'].get('streaming_F2', {}).get('figures', {})
+    for rows in figures.get('p_sweep', {}).values():
+      assert set(rows) == {'baseline', 'default'}
+      assert len(rows['default']) == len(v4.SALTS)
 
 
 def test_batch_points_report_no_delay_and_streaming_points_a_real_one():
@@ -200,7 +209,9 @@ def _below(point, names, tops):
     ratios = point[name].get('ratios', [point[name]['ratio']] * len(tops))
     assert len(ratios) == len(tops), name
     for mine, top in zip(ratios, tops):
-      assert top >= mine, name
+      # Where a strategy reaches the bound (batch W0 without decoding: the
+      # baseline's full, balanced batches), they differ by rounding only.
+      assert top >= mine * (1 - 1e-9), name
       checked += 1
   return checked
 
