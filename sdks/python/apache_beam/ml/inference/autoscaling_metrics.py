@@ -1145,7 +1145,9 @@ class PrometheusNumLoadedModelsPublisher:
     with self._lock:
       if url != self._url:
         return False
-      finished = _total(values.get(self._names.finished))
+      finished = (
+          _total(values.get(self._names.finished))
+          if self._names.finished else None)
       restarted = url != self._scraped_url or (
           finished is not None and self._finished is not None and
           finished < self._finished)
