@@ -219,6 +219,18 @@ def streaming_task(workload, r_key, seed, quick):
     frame = frames.Frame('F', 'hash', p, THREADS_PER_PROCESS)
     return frames.copy_of(requests, frame, seed)
 
+  def routed(of, copies, processes=PROCESSES_PER_WORKER):
+    # The batches of a num_shards spec, its cold keys those of the SDK
+    # processes that measure them.
+    route = policies.route_for(
+        of,
+        copies,
+        seed,
+        batch_size=bs,
+        buffering_s=BUFFERING_S,
+        cold_key=cold_key_of(seed, w, processes))
+    return fleet.form_batches(requests, route, bs, buffering)
+
   copies = copies_for(PROCESSES_PER_WORKER)
   formed = {
       'baseline': fleet.form_batches(
@@ -227,17 +239,7 @@ def streaming_task(workload, r_key, seed, quick):
           requests, policies.CopiedShards(8, copies, seed), bs, buffering),
   }
   for name, of in _specs(spec).items():
-    formed[name] = fleet.form_batches(
-        requests,
-        policies.route_for(
-            of,
-            copies,
-            seed,
-            batch_size=bs,
-            buffering_s=BUFFERING_S,
-            cold_key=cold_key_of(seed, w)),
-        bs,
-        buffering)
+    formed[name] = routed(of, copies)
   per_key = {}
   for b in formed['default']:
     per_key[b.state_key] = per_key.get(b.state_key, 0) + len(b.requests)
@@ -283,17 +285,7 @@ def streaming_task(workload, r_key, seed, quick):
       formed_p = {
           'baseline': fleet.form_batches(
               requests, policies.PerProcessKey(copies_p), bs, buffering),
-          'default': fleet.form_batches(
-              requests,
-              policies.route_for(
-                  spec,
-                  copies_p,
-                  seed,
-                  batch_size=bs,
-                  buffering_s=BUFFERING_S,
-                  cold_key=cold_key_of(seed, w, p)),
-              bs,
-              buffering),
+          'default': routed(spec, copies_p, p),
       }
       for name, batches in formed_p.items():
         for salt in salts:
