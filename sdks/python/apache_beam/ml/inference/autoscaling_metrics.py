@@ -847,6 +847,11 @@ class PrometheusNumLoadedModelsPublisher:
       counters in ``counters_namespace``; the first scrape of a server adds
       their values since it started, and so does a reset.
     counters_namespace: the namespace of those counters; required with them.
+    former_names: optional. A mapping from the name of a metric read (in
+      metric_names or counters) to the name an older release of the server
+      gave it. A page without a sample under the current name is read under
+      the former one, so that the publisher works with servers from before
+      a rename; a page that has both is read under the current name.
     owner: optional. An object whose collection stops the publisher. The
       publisher holds only a weak reference to it.
     alive: optional. Says whether the server still runs; a scrape that fails
@@ -867,6 +872,7 @@ class PrometheusNumLoadedModelsPublisher:
       *,
       counters: Optional[Mapping[str, str]] = None,
       counters_namespace: Optional[str] = None,
+      former_names: Optional[Mapping[str, str]] = None,
       owner: Optional[object] = None,
       alive: Optional[Callable[[], bool]] = None,
       estimator: Optional[CapacityEstimator] = None,
@@ -891,6 +897,14 @@ class PrometheusNumLoadedModelsPublisher:
           f'counters must be a mapping from str to str, got {counters!r}.')
     if counters:
       _check_name('counters_namespace', counters_namespace)
+    former_names = former_names or {}
+    if not isinstance(former_names, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str)
+        for k, v in former_names.items()):
+      raise TypeError(
+          'former_names must be a mapping from str to str, got '
+          f'{former_names!r}.')
+    self._former_names = dict(former_names)
     self._url = metrics_url
     self._scraped_url = metrics_url
     self._tag = tag
@@ -922,6 +936,7 @@ class PrometheusNumLoadedModelsPublisher:
         name for name in
         [metric_names.preemptions, metric_names.finished, *counters] if name
     ]
+    wanted += [former_names[name] for name in wanted if name in former_names]
     # Only the lines of these metrics are parsed.
     self._line_prefixes = tuple(
         name + end for name in wanted for end in ('{', ' '))
@@ -1142,6 +1157,9 @@ class PrometheusNumLoadedModelsPublisher:
     except Exception as e:  # pylint: disable=broad-except
       self._report(f'cannot read {url}: {e!r}')
       return False
+    for name, former in self._former_names.items():
+      if name not in values and former in values:
+        values[name] = values[former]
     with self._lock:
       if url != self._url:
         return False

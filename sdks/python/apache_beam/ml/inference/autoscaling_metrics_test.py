@@ -1838,6 +1838,67 @@ class CountersTest(unittest.TestCase):
     self.assertEqual(counters(), (216, 790))
 
 
+class _RecordingEstimator(CapacityEstimator):
+  """A CapacityEstimator that keeps every scrape it is told."""
+  def __init__(self):
+    super().__init__(AutoscalingConfig())
+    self.scrapes = []
+
+  def observe(self, now, scrape):
+    self.scrapes.append(scrape)
+    super().observe(now, scrape)
+
+
+class FormerNamesTest(unittest.TestCase):
+  """A server from before its metrics were renamed: vLLM's page before
+  kv_cache_usage_perc and prefix_cache_* were renamed from gpu_*."""
+  FORMER_NAMES = {
+      'vllm:kv_cache_usage_perc': 'vllm:gpu_cache_usage_perc',
+      'vllm:prefix_cache_hits_total': 'vllm:gpu_prefix_cache_hits_total',
+  }
+
+  @staticmethod
+  def renamed(page):
+    return page.replace(
+        'vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc').replace(
+            'vllm:prefix_cache_hits', 'vllm:gpu_prefix_cache_hits')
+
+  def read(self, page, former_names):
+    """The scrape and the counter increase the publisher reads on page."""
+    namespace = f'test-{uuid.uuid4().hex}'
+    estimator = _RecordingEstimator()
+    publisher = PrometheusNumLoadedModelsPublisher(
+        'http://a/metrics',
+        'tag',
+        VLLM_NAMES,
+        counters={'vllm:prefix_cache_hits_total': 'hits'},
+        counters_namespace=namespace,
+        former_names=former_names,
+        estimator=estimator,
+        fetch=lambda url: page)
+    publisher._poll()
+    (scraped, ) = estimator.scrapes
+    return scraped, process_wide_counter(namespace, 'hits')
+
+  def test_a_page_under_former_names_reads_as_under_current_ones(self):
+    page = vllm_text(32, 16, usage=0.5, hits=64)
+    current = self.read(page, self.FORMER_NAMES)
+    self.assertEqual(current, (scrape(32, 16, usage=0.5), 64))
+    self.assertEqual(self.read(self.renamed(page), self.FORMER_NAMES), current)
+    # Without former names, the renamed metrics are missing.
+    self.assertEqual(
+        self.read(self.renamed(page), None), (scrape(32, 16, usage=None), 0))
+
+  def test_the_current_name_wins_on_a_page_with_both(self):
+    # A release that still shows the deprecated name beside the new one.
+    page = vllm_text(32, 16, usage=0.5, hits=64)
+    former = self.renamed(vllm_text(0, 0, usage=0.9, hits=1000))
+    page += ''.join(
+        line + '\n' for line in former.splitlines() if 'vllm:gpu_' in line)
+    self.assertEqual(
+        self.read(page, self.FORMER_NAMES), (scrape(32, 16, usage=0.5), 64))
+
+
 class ValidationTest(unittest.TestCase):
   def test_config_rejects_bad_values(self):
     cases = [
@@ -1897,6 +1958,9 @@ class ValidationTest(unittest.TestCase):
     with self.assertRaisesRegex(TypeError, 'counters_namespace'):
       PrometheusNumLoadedModelsPublisher(
           url, 'tag', VLLM_NAMES, counters=dict(a='b'))
+    with self.assertRaisesRegex(TypeError, 'former_names.*1'):
+      PrometheusNumLoadedModelsPublisher(
+          url, 'tag', VLLM_NAMES, former_names={'a': 1})
     publisher = PrometheusNumLoadedModelsPublisher(url, 'tag', VLLM_NAMES)
     with self.assertRaisesRegex(TypeError, 'num_requests'):
       publisher.batch_started(2.0)
