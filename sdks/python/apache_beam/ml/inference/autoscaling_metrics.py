@@ -851,7 +851,9 @@ class PrometheusNumLoadedModelsPublisher:
       metric_names or counters) to the name an older release of the server
       gave it. A page without a sample under the current name is read under
       the former one, so that the publisher works with servers from before
-      a rename; a page that has both is read under the current name.
+      a rename; a page that has both is read under the current name. The
+      choice is made per metric: a page with some series under each name
+      is read under the current name alone.
     owner: optional. An object whose collection stops the publisher. The
       publisher holds only a weak reference to it.
     alive: optional. Says whether the server still runs; a scrape that fails
@@ -897,7 +899,8 @@ class PrometheusNumLoadedModelsPublisher:
           f'counters must be a mapping from str to str, got {counters!r}.')
     if counters:
       _check_name('counters_namespace', counters_namespace)
-    former_names = former_names or {}
+    if former_names is None:
+      former_names = {}
     if not isinstance(former_names, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str)
         for k, v in former_names.items()):
@@ -936,6 +939,12 @@ class PrometheusNumLoadedModelsPublisher:
         name for name in
         [metric_names.preemptions, metric_names.finished, *counters] if name
     ]
+    for name, former in former_names.items():
+      if name not in wanted or former in wanted or list(
+          former_names.values()).count(former) > 1:
+        raise ValueError(
+            'former_names must map names of metrics the publisher reads to '
+            f'distinct names it does not read, got {name!r}: {former!r}.')
     wanted += [former_names[name] for name in wanted if name in former_names]
     # Only the lines of these metrics are parsed.
     self._line_prefixes = tuple(

@@ -1961,6 +1961,18 @@ class ValidationTest(unittest.TestCase):
     with self.assertRaisesRegex(TypeError, 'former_names.*1'):
       PrometheusNumLoadedModelsPublisher(
           url, 'tag', VLLM_NAMES, former_names={'a': 1})
+    with self.assertRaisesRegex(TypeError, 'former_names'):
+      PrometheusNumLoadedModelsPublisher(
+          url, 'tag', VLLM_NAMES, former_names=[])
+    gauge = 'vllm:kv_cache_usage_perc'
+    for former_names in ({'vllm:typo': 'vllm:gpu_cache_usage_perc'},
+                         {gauge: 'vllm:num_requests_running'}, {gauge: gauge},
+                         {gauge: 'vllm:x',
+                          'vllm:num_requests_waiting': 'vllm:x'}):
+      with self.subTest(former_names=former_names):
+        with self.assertRaisesRegex(ValueError, 'former_names'):
+          PrometheusNumLoadedModelsPublisher(
+              url, 'tag', VLLM_NAMES, former_names=former_names)
     publisher = PrometheusNumLoadedModelsPublisher(url, 'tag', VLLM_NAMES)
     with self.assertRaisesRegex(TypeError, 'num_requests'):
       publisher.batch_started(2.0)
