@@ -1877,8 +1877,8 @@ class FormerNamesTest(unittest.TestCase):
         estimator=estimator,
         fetch=lambda url: page)
     publisher._poll()
-    (scraped, ) = estimator.scrapes
-    return scraped, process_wide_counter(namespace, 'hits')
+    self.assertEqual(len(estimator.scrapes), 1)
+    return estimator.scrapes[0], process_wide_counter(namespace, 'hits')
 
   def test_a_page_under_former_names_reads_as_under_current_ones(self):
     page = vllm_text(32, 16, usage=0.5, hits=64)
