@@ -892,7 +892,8 @@ class PrometheusNumLoadedModelsPublisher:
       config = estimator.config if estimator else AutoscalingConfig()
     if not isinstance(config, AutoscalingConfig):
       raise TypeError(f'config must be an AutoscalingConfig, got {config!r}.')
-    counters = counters or {}
+    if counters is None:
+      counters = {}
     if not isinstance(counters, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in counters.items()):
       raise TypeError(
@@ -939,9 +940,9 @@ class PrometheusNumLoadedModelsPublisher:
         name for name in
         [metric_names.preemptions, metric_names.finished, *counters] if name
     ]
+    formers = list(former_names.values())
     for name, former in former_names.items():
-      if name not in wanted or former in wanted or list(
-          former_names.values()).count(former) > 1:
+      if name not in wanted or former in wanted or formers.count(former) > 1:
         raise ValueError(
             'former_names must map names of metrics the publisher reads to '
             f'distinct names it does not read, got {name!r}: {former!r}.')

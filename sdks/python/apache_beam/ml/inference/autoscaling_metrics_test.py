@@ -1964,6 +1964,8 @@ class ValidationTest(unittest.TestCase):
     with self.assertRaisesRegex(TypeError, 'former_names'):
       PrometheusNumLoadedModelsPublisher(
           url, 'tag', VLLM_NAMES, former_names=[])
+    with self.assertRaisesRegex(TypeError, 'counters'):
+      PrometheusNumLoadedModelsPublisher(url, 'tag', VLLM_NAMES, counters=[])
     gauge = 'vllm:kv_cache_usage_perc'
     for former_names in ({'vllm:typo': 'vllm:gpu_cache_usage_perc'},
                          {gauge: 'vllm:num_requests_running'}, {gauge: gauge},
