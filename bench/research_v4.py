@@ -38,6 +38,10 @@ design (`--measuring-spread`) uses the tuning seeds, as tuning does:
   python -m bench.research_v4 fleet NAME W2 --workers 64 \
       --requests 512000 --seeds 52301 52302 --out DIR
   python -m bench.research_v4 fleet-table DIR NAME ...
+
+`--input-order sorted` reads batch pipelines' input grouped by key, as a
+file sorted by document would give it, where the benchmark reads it in
+arrival order (random with respect to the prefix).
 """
 
 import argparse
@@ -89,7 +93,8 @@ def fleet(
     requests: int,
     seeds: list,
     groups=('streaming', 'batch'),
-    measuring_spread=1) -> dict:
+    measuring_spread=1,
+    input_order='arrival') -> dict:
   """Phase A for one workload at another fleet size, with the tree's
   default AdaptiveNumShards.
 
@@ -103,6 +108,9 @@ def fleet(
       (in batch, a busy key measured in parts); more, the step spread over
       that many measuring keys by request id in the model
       (deploy.Charges.first_stage_spread); 0, the step costs nothing.
+    input_order: the order batch pipelines read their input in: 'arrival'
+      (as the benchmark reads it) or 'sorted' (grouped by key, as a file
+      sorted by document; v4.in_input_order).
 
   Returns:
     {point: figures}: the default's, `lpt`'s and the bound's median ratios,
@@ -120,7 +128,8 @@ def fleet(
         False, lambda message: None,
         chosen=chosen,
         groups=tuple(groups),
-        measuring_spread=measuring_spread)
+        measuring_spread=measuring_spread,
+        input_order=input_order)
   finally:
     v4.EVAL_SEEDS = eval_seeds
   meta = {'workers': workers, 'requests': requests, 'seeds': list(seeds)}
@@ -232,6 +241,12 @@ def main(argv=None) -> int:
       default=1,
       help='1: as the tree measures; more: spread over that many measuring '
       'keys by request id; 0: the step is free')
+  fleet_parser.add_argument(
+      '--input-order',
+      default='arrival',
+      choices=['arrival', 'sorted'],
+      help='the order batch pipelines read their input in: as it arrived, '
+      'or grouped by key (a file sorted by document)')
   fleet_table_parser = sub.add_parser('fleet-table')
   fleet_table_parser.add_argument('dir', type=Path)
   fleet_table_parser.add_argument('names', nargs='+')
@@ -259,13 +274,15 @@ def main(argv=None) -> int:
             'seeds': args.seeds,
             'groups': args.groups,
             'measuring_spread': args.measuring_spread,
+            'input_order': args.input_order,
             'points': fleet(
                 args.workload,
                 args.workers,
                 args.requests,
                 args.seeds,
                 args.groups,
-                args.measuring_spread)
+                args.measuring_spread,
+                args.input_order)
         })
   elif args.command == 'fleet-table':
     print(fleet_table(_read(args.dir, args.names, 'points')))

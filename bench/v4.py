@@ -406,9 +406,24 @@ def measuring_of(spec, requests, seed, workers, batch_size):
       f'{seed}/readers')
 
 
+def in_input_order(requests, input_order: str) -> list:
+  """The requests in the order a batch pipeline reads them: 'arrival', as
+  drawn (random with respect to the prefix), or 'sorted', grouped by key
+  as in a file sorted by document (stable: a key's requests keep their
+  order)."""
+  if input_order == 'arrival':
+    return list(requests)
+  if input_order == 'sorted':
+    return sorted(requests, key=lambda request: str(request.key))
+  raise ValueError(
+      f"input_order must be 'arrival' or 'sorted', got {input_order!r}")
+
+
 def batch_task(workload, r_key, seed, quick):
   spec, model = _STATE['spec'], _STATE['model']
-  requests = workload.requests_at(RATE_PER_WORKER, seed)
+  requests = in_input_order(
+      workload.requests_at(RATE_PER_WORKER, seed),
+      _STATE.get('input_order', 'arrival'))
   w, bs = workload.workers, workload.batch_size
   cache = workloads.CACHE_TOKENS // workloads.BLOCK_TOKENS
   charges = _charges(spec)
@@ -536,19 +551,24 @@ def run_all(
     processes=2,
     chosen=WORKLOADS,
     groups=('streaming', 'batch'),
-    measuring_spread=1):
+    measuring_spread=1,
+    input_order='arrival'):
   """Runs every task (of the given groups); returns them as they came.
   measuring_spread: 1, the default's measuring step as the tree has it;
   more, spread over that many measuring keys by request id
-  (deploy.Charges.first_stage_spread); 0, the step costs nothing."""
+  (deploy.Charges.first_stage_spread); 0, the step costs nothing.
+  input_order: the order batch pipelines read their input in (see
+  in_input_order); streaming is read as it arrives."""
   if measuring_spread < 0:
     raise ValueError(
         f'measuring_spread must be at least 0, got {measuring_spread!r}')
+  in_input_order([], input_order)
   _STATE.update(
       spec=spec,
       model=model,
       p_sweep=('W1', '4'),
-      measuring_spread=measuring_spread)
+      measuring_spread=measuring_spread,
+      input_order=input_order)
   chosen = tasks(quick, chosen, groups)
   started = time.monotonic()
   done = []

@@ -241,3 +241,54 @@ def test_the_shuffled_bound_is_above_the_strategies_that_shuffle_as_often():
     except AssertionError as e:
       raise AssertionError((at, str(e))) from e
   assert checked > 500
+
+
+def test_sorted_input_groups_each_key_and_keeps_its_order():
+  requests = TINY[1].requests_at(v4.RATE_PER_WORKER, 52301)
+  assert v4.in_input_order(requests, 'arrival') == requests
+  ordered = v4.in_input_order(requests, 'sorted')
+  assert sorted(r.rid for r in ordered) == [r.rid for r in requests]
+  runs = [
+      k for i, k in enumerate(r.key for r in ordered)
+      if i == 0 or ordered[i - 1].key != k
+  ]
+  assert len(runs) == len(set(runs)) > 1
+  for key in runs:
+    rids = [r.rid for r in ordered if r.key == key]
+    assert rids == sorted(rids)
+  with pytest.raises(ValueError,
+                     match="input_order must be 'arrival' or 'sorted', "
+                     "got 'shuffled'"):
+    v4.run_all(
+        SPEC,
+        costs.GPU,
+        quick=True,
+        progress=lambda _: None,
+        processes=1,
+        chosen=TINY[1:2],
+        groups=('batch', ),
+        input_order='shuffled')
+
+
+def test_sorted_input_gives_the_batch_baseline_its_reuse():
+  # Read grouped by key, each worker's split holds few prefixes, and the
+  # baseline's per-bundle batches reuse them as routing would.
+  def hit_rates(input_order):
+    done = v4.run_all(
+        SPEC,
+        costs.GPU,
+        quick=True,
+        progress=lambda _: None,
+        processes=1,
+        chosen=(TINY[1].scaled(requests=TINY[1].requests * v4.QUICK_DIVISOR), ),
+        groups=('batch', ),
+        input_order=input_order)
+    (task, ) = [t for t in done if t['task'][2] == '4']
+    rows = task['deployments']['batch']['figures'][0]
+    return {name: rows[name][0]['hit_rate'] for name in ('baseline', 'default')}
+
+  arrival = hit_rates('arrival')
+  grouped = hit_rates('sorted')
+  assert arrival['baseline'] < arrival['default'] - 0.1
+  assert grouped['baseline'] > arrival['baseline'] + 0.1
+  assert grouped['baseline'] >= grouped['default'] - 0.05
