@@ -244,7 +244,7 @@ def main(argv=None) -> int:
   fleet_parser.add_argument(
       '--input-order',
       default='arrival',
-      choices=['arrival', 'sorted'],
+      choices=v4.INPUT_ORDERS,
       help='the order batch pipelines read their input in: as it arrived, '
       'or grouped by key (a file sorted by document)')
   fleet_table_parser = sub.add_parser('fleet-table')

@@ -406,17 +406,25 @@ def measuring_of(spec, requests, seed, workers, batch_size):
       f'{seed}/readers')
 
 
+# The orders a batch pipeline can read its input in (in_input_order).
+INPUT_ORDERS = ('arrival', 'sorted')
+
+
+def _check_input_order(input_order):
+  if input_order not in INPUT_ORDERS:
+    raise ValueError(
+        f"input_order must be 'arrival' or 'sorted', got {input_order!r}")
+
+
 def in_input_order(requests, input_order: str) -> list:
   """The requests in the order a batch pipeline reads them: 'arrival', as
   drawn (random with respect to the prefix), or 'sorted', grouped by key
   as in a file sorted by document (stable: a key's requests keep their
   order)."""
-  if input_order == 'arrival':
-    return list(requests)
+  _check_input_order(input_order)
   if input_order == 'sorted':
     return sorted(requests, key=lambda request: str(request.key))
-  raise ValueError(
-      f"input_order must be 'arrival' or 'sorted', got {input_order!r}")
+  return list(requests)
 
 
 def batch_task(workload, r_key, seed, quick):
@@ -562,7 +570,7 @@ def run_all(
   if measuring_spread < 0:
     raise ValueError(
         f'measuring_spread must be at least 0, got {measuring_spread!r}')
-  in_input_order([], input_order)
+  _check_input_order(input_order)
   _STATE.update(
       spec=spec,
       model=model,
