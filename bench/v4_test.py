@@ -42,17 +42,23 @@ TINY = tuple(
         workers=4 if w.name != 'W2' else 6) for w in v4.WORKLOADS)
 
 
+def _quick_run(workloads_run, **kwargs):
+  """v4.run_all(SPEC, ...) of a quick run, in this process, quietly."""
+  return v4.run_all(
+      SPEC,
+      costs.GPU,
+      quick=True,
+      progress=lambda _: None,
+      processes=1,
+      chosen=tuple(workloads_run),
+      **kwargs)
+
+
 @functools.cache
 def _done():
   return json.dumps(
-      v4.run_all(
-          SPEC,
-          costs.GPU,
-          quick=True,
-          progress=lambda _: None,
-          processes=1,
-          chosen=tuple(
-              w.scaled(requests=w.requests * v4.QUICK_DIVISOR) for w in TINY)))
+      _quick_run(
+          w.scaled(requests=w.requests * v4.QUICK_DIVISOR) for w in TINY))
 
 
 def done():
@@ -259,28 +265,16 @@ def test_sorted_input_groups_each_key_and_keeps_its_order():
   with pytest.raises(ValueError,
                      match="input_order must be 'arrival' or 'sorted', "
                      "got 'shuffled'"):
-    v4.run_all(
-        SPEC,
-        costs.GPU,
-        quick=True,
-        progress=lambda _: None,
-        processes=1,
-        chosen=TINY[1:2],
-        groups=('batch', ),
-        input_order='shuffled')
+    _quick_run(
+        TINY[1:2], groups=('batch', ), input_order='shuffled')
 
 
 def test_sorted_input_gives_the_batch_baseline_its_reuse():
   # Read grouped by key, each worker's split holds few prefixes, and the
   # baseline's per-bundle batches reuse them as routing would.
   def hit_rates(input_order):
-    done = v4.run_all(
-        SPEC,
-        costs.GPU,
-        quick=True,
-        progress=lambda _: None,
-        processes=1,
-        chosen=(TINY[1].scaled(requests=TINY[1].requests * v4.QUICK_DIVISOR), ),
+    done = _quick_run(
+        [TINY[1].scaled(requests=TINY[1].requests * v4.QUICK_DIVISOR)],
         groups=('batch', ),
         input_order=input_order)
     (task, ) = [t for t in done if t['task'][2] == '4']
