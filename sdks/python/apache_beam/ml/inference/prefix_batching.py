@@ -271,6 +271,10 @@ class PrefixBatchingConfig:
   key_fn: Optional[Callable[[Any], Any]] = None
 
   def __post_init__(self):
+    if self.num_shards is None:
+      # BatchElements reads None as one shard, which is no default here.
+      raise TypeError(
+          'num_shards must not be None: 1 gives each prefix one shard.')
     # Fail now, as BatchElements would when the pipeline is expanded.
     BatchElements(key_fn=_identity, num_shards=self.num_shards)
     if self.prefix_char_len is not None:

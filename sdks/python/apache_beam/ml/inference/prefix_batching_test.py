@@ -265,6 +265,7 @@ class PrefixBatchingConfigTest(unittest.TestCase):
       param(
           dict(num_shards=0), ValueError, 'num_shards must be a positive int'),
       param(dict(num_shards=True), TypeError, 'num_shards .*got True'),
+      param(dict(num_shards=None), TypeError, 'num_shards must not be None'),
       param(dict(num_shards=dict(a=0)), ValueError, r"num_shards\['a'\]"),
       param(dict(prefix_char_len=0), ValueError, 'prefix_char_len'),
       param(dict(prefix_delimiters=':'), TypeError, 'prefix_delimiters'),
