@@ -31,7 +31,8 @@ only).
   batch runner, where its measuring step sees a key's elements in one
   burst: every element at the same processing time, so the measured rate
   only grows, and a key's elements go to a new shard every run (of
-  bounded_run_batches batches: the input is bounded). The step holds a
+  bounded_run_batches batches, over up to bounded_max_shards shards: the
+  input is bounded). The step holds a
   cold key's elements until the key turns warm (then they join its first
   shard) or its input ends (then they go to the cold state keys). With
   issue 24's default a key's first elements (until its count reaches
@@ -119,11 +120,9 @@ def two_stage_keys(
   runner (see the module docstring); measuring: rid -> its measuring shard
   (none: 0)."""
   measuring = measuring or {}
+  spec = policies.on_bounded_input(spec)
   route = policies.two_stage_from(
-      policies.on_bounded_input(spec),
-      batch_size,
-      buffering_s,
-      cold_key=cold_key)
+      spec, batch_size, buffering_s, cold_key=cold_key)
   max_shards = spec.max_shards
 
   def shard_of(shard, part):

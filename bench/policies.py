@@ -368,11 +368,14 @@ def two_stage_from(
 
 def on_bounded_input(spec):
   """The spec that measures a batch pipeline's bounded input: the tree's
-  runs of bounded_run_batches batches there (0011's BatchElements.expand)."""
-  runs = getattr(spec, 'bounded_run_batches', None)
-  if runs is None:
-    return spec
-  return dataclasses.replace(spec, run_batches=runs)
+  runs of bounded_run_batches batches there, and up to bounded_max_shards
+  shards a key, where the tree has them (0011's BatchElements.expand)."""
+  bounded = {
+      name: getattr(spec, f'bounded_{name}')
+      for name in ('run_batches', 'max_shards')
+      if getattr(spec, f'bounded_{name}', None) is not None
+  }
+  return dataclasses.replace(spec, **bounded) if bounded else spec
 
 
 def learns_per_copy(spec) -> bool:

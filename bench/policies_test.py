@@ -18,6 +18,8 @@
 """Tests of the routes: the baseline's keys, copied num_shards learners and
 the two-stage policy."""
 
+import dataclasses
+
 import pytest
 
 from bench import policies
@@ -137,6 +139,24 @@ def test_a_two_stage_spec_is_recognized_by_its_attributes():
   assert isinstance(
       policies.route_for(8, [], 1, batch_size=8, buffering_s=1.0),
       policies.CopiedShards)
+
+
+def test_bounded_input_takes_the_specs_bounded_runs_and_shards():
+  # As 0011's BatchElements.expand on a batch pipeline's bounded input.
+  @dataclasses.dataclass(frozen=True)
+  class Spec:
+    rate_per_shard: float = 1.0
+    max_shards: int = 64
+    decay_secs: float = 30.0
+    run_batches: int = 1
+    bounded_run_batches: int = 16
+    bounded_max_shards: int = 256
+
+  bounded = policies.on_bounded_input(Spec())
+  assert (bounded.run_batches, bounded.max_shards) == (16, 256)
+  # A spec without them (one before the tree had them) is kept as it is.
+  spec = policies.TwoStageSpec()
+  assert policies.on_bounded_input(spec) is spec
 
 
 def test_known_shares_size_shards_by_the_runs_traffic():
