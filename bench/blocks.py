@@ -89,8 +89,8 @@ def _run(results):
       f'tokens per worker, {v["rate_per_worker"]} requests/s per worker, '
       'scored in steady state over 10 s windows (batch: the makespan). '
       f'`default` is `PrefixBatchingConfig()` as the series ships it '
-      f'(`{meta["default_num_shards"]}`: keys too cold to fill a batch '
-      'share their measuring process\'s batches)')
+      f'(`{meta["default_num_shards"]}`: keys too cold to fill batches of '
+      'their own share their measuring process\'s batches)')
 
 
 def _losses(results, name='default', limit=8):
