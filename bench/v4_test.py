@@ -19,6 +19,7 @@
 
 import functools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -178,6 +179,20 @@ def test_goals_list_the_points_below_the_floor():
                                       for w in ('W1', 'W2', 'W4')}
 
 
+def test_the_median_interval_takes_the_order_statistics_that_cover_it():
+  # Twelve placements: the 3rd least and 3rd greatest cover the median
+  # with chance 1 - 2 * (1 + 12 + 66) / 4096; the 4th would cover it with
+  # only 0.854.
+  values = [1.2, 0.9, 1.0, 0.8, 1.1, 0.95, 1.05, 0.85, 1.15, 0.7, 1.3, 0.99]
+  low, high, coverage = v4_summary.median_interval(values)
+  assert (low, high) == (0.85, 1.15)
+  assert coverage == pytest.approx(1 - 2 * 79 / 4096)
+  # Coverage can be asked for: at 0.8 the 4th values do.
+  assert v4_summary.median_interval(values, 0.8)[:2] == (0.9, 1.1)
+  # Three placements (an off-goal point) cannot cover it with 0.95.
+  assert v4_summary.median_interval([1.0, 0.9, 1.1]) is None
+
+
 def test_the_regimes_set_the_shareable_tokens():
   for workload in v4.WORKLOADS[1:]:
     for ratio in (0.25, 4, 64):
@@ -195,14 +210,32 @@ def test_off_goal_points_use_fewer_seeds():
   assert v4.decodes_for('W1', '64', 'streaming_F3') == v4.DECODES
 
 
-def _committed_points():
-  """The points of the committed run's v4 section."""
-  from pathlib import Path
+def _committed_section():
+  """The committed run's v4 section."""
   path = Path(__file__).resolve().parent / 'results.json'
   section = json.loads(path.read_text()).get('v4')
   if section is None:
     pytest.skip('the committed run has no v4 section')
-  return list(v4_summary.points(section))
+  return section
+
+
+def _committed_points():
+  """The points of the committed run's v4 section."""
+  return list(v4_summary.points(_committed_section()))
+
+
+def test_the_committed_runs_points_below_the_floor_carry_an_interval():
+  section = _committed_section()
+  points = {'.'.join(at): point for *at, point in v4_summary.points(section)}
+  goals = v4_summary.goals(section)
+  assert goals['below']
+  for below in goals['below']:
+    ratios = points[below['at']]['default']['ratios']
+    low, high, _ = below['interval']
+    # Twelve placements: the 3rd least and 3rd greatest ratios.
+    assert len(ratios) == 12
+    assert (low, high) == (sorted(ratios)[2], sorted(ratios)[9])
+    assert low <= below['ratio'] <= high
 
 
 def _below(point, names, tops):
