@@ -33,22 +33,25 @@ the publisher, a thread that scrapes the server, feeds the estimator and
 publishes its value at every poll.
 
 The runner contract. A Beam distribution reaches a runner as a cumulative
-count, sum, min and max per process. The value is designed for a runner
-that reads **the last value each worker published, or the mean or min of
-the values published over a recent window**: each poll publishes the
-worker's current answer, so every window holds only current answers.
+count, sum, min and max per process, since the process started. From two
+such reports a runner can take the mean of the values published between
+them (the change in the sum over the change in the count), and the value
+is designed for that mean: each poll publishes the worker's current answer,
+so a recent window holds only current answers. It serves as well a runner
+that sees each published value and reads the last one, or a window's min.
 Which statistic Dataflow reads is not documented; that it reads a recent
 one is an assumption, the one the model manager's own use of this
 distribution makes (it publishes the number of models loaded whenever it
-changes). The lifetime min or max of the cumulative distribution cannot be
-served: to find a server's capacity without a measurement, a worker must
-offer more than its load, so that the pool shrinks until a server
-saturates and is measured, and then publish what it measured; a value
-right under the lifetime min and max could never change, so it could not
-probe, and a stopping publisher publishes 0. A windowed max is served
-once every worker has measured, but it is any one worker's value: while a
-worker that joined probes above the others, the pool shrinks by it, and
-where the right size does not saturate the servers it can churn.
+changes). The lifetime min or max, which the cumulative distribution
+carries, cannot be served: to find a server's capacity without a
+measurement, a worker must offer more than its load, so that the pool
+shrinks until a server saturates and is measured, and then publish what it
+measured; a value right under the lifetime min and max could never change,
+so it could not probe, and a stopping publisher publishes 0. A windowed
+max is served once every worker has measured, but it is any one worker's
+value: while a worker that joined probes above the others, the pool
+shrinks by it, and where the right size does not saturate the servers it
+can churn.
 
 This module imports without torch, so that code which only needs the name
 of the distribution (``NUM_LOADED_MODELS_NAMESPACE``,

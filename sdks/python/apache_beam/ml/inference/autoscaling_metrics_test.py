@@ -791,6 +791,10 @@ class ClosedLoop:
 EVENTS = ((600, 0), (600, 1.5), (900, 2 / 48), (900, 1))
 # The statistics the value is designed for; see test_windowed_max_*.
 STATISTICS = ('last', 'mean', 'min')
+# Those the hour of events runs under: the last value, and the windowed
+# mean, the one a runner can take from the cumulative distribution the SDK
+# reports (the change in its sum over the change in its count).
+EVENT_STATISTICS = ('last', 'mean')
 
 # How long a pool may take to reach its size: 10 minutes, new workers' start
 # included, in every case.
@@ -870,10 +874,16 @@ class _ClosedLoopChecks(unittest.TestCase):
         before = first.published[-1][1]
         first.restart(down_secs=90)
       loop.run(secs, threads=max(0, round(demand * share)))
+    ticks = [tick for tick in loop.ticks if tick[0] > hour]
     errors = [
-        n - max(1, math.ceil(in_flight / truth))
-        for t, in_flight, n in loop.ticks if t > hour
+        n - max(1, math.ceil(in_flight / truth)) for _, in_flight, n in ticks
     ]
+    # A worker that probes above its measurement when the burst comes reads
+    # as more than it serves until it saturates and is measured: the first
+    # tick of the burst may be two short.
+    burst = next(
+        i for i, (_, in_flight, _) in enumerate(ticks) if in_flight > demand)
+    self.assertGreaterEqual(errors.pop(burst), -2, loop.ticks)
     self.assertLessEqual(max(map(abs, errors)), 1, loop.ticks)
     held = [
         v for w in loop.every_worker if w.measured and w.measured < lull
@@ -938,7 +948,7 @@ class ClosedLoopMatrixTest(_ClosedLoopChecks):
       for start in (1, 4, 16, 48):
         with self.subTest(case=name, start=start, statistic=statistic):
           loop = self.converge(name, start, statistic)
-          if statistic == 'last':
+          if statistic in EVENT_STATISTICS:
             self.events(name, loop)
 
   def test_cases_are_what_they_say(self):
@@ -2026,6 +2036,25 @@ class PublisherTest(unittest.TestCase):
     data = num_loaded_models(publisher._tag)
     self.assertEqual(data.count, count + 7)
     self.assertEqual((data.min, data.max), (16, 16))
+
+  def test_two_reports_give_a_runner_the_mean_of_the_polls_between(self):
+    # What a runner gets is the process's cumulative distribution; the
+    # probe before the measurement stays in its lifetime min or max, but
+    # the change in its sum over the change in its count between two
+    # reports is what the polls between them published.
+    publisher = self.publisher()
+    self.saturate(publisher)
+    # The server now runs 20 batches: a window later the value follows.
+    self.page = vllm_text(160, 32)
+    self.poll(publisher, 120)
+    self.assertEqual(publisher.value, 20)
+    before = num_loaded_models(publisher._tag)
+    self.assertEqual((before.min, before.max), (16, 20))
+    self.poll(publisher, 6)
+    after = num_loaded_models(publisher._tag)
+    self.assertEqual(after.count - before.count, 6)
+    self.assertEqual((after.sum - before.sum) / (after.count - before.count),
+                     20)
 
   def test_bad_samples_are_missing_and_change_nothing(self):
     publisher = self.publisher()
