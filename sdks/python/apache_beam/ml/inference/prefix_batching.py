@@ -29,6 +29,7 @@ chat conversations (:class:`ChatPrefixKeyFn`), and
 # pytype: skip-file
 
 import dataclasses
+import numbers
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -61,10 +62,19 @@ def _identity(element):
   return element
 
 
-def _check_prefix_char_len(prefix_char_len):
+def _check_prefix_char_len(prefix_char_len, key_fn_class=None):
   if isinstance(prefix_char_len, bool) or not isinstance(prefix_char_len, int):
+    hint = ''
+    if key_fn_class is not None and not isinstance(prefix_char_len,
+                                                   numbers.Number):
+      # The class itself was likely given as a key function, and called
+      # with an element.
+      hint = (
+          f' {key_fn_class} takes its settings, not an element: as a key '
+          f'function pass an instance, {key_fn_class}(), not the class.')
     raise TypeError(
-        f'prefix_char_len must be a positive int, got {prefix_char_len!r}.')
+        f'prefix_char_len must be a positive int, got {prefix_char_len!r}.'
+        f'{hint}')
   if prefix_char_len < 1:
     raise ValueError(
         f'prefix_char_len must be a positive int, got {prefix_char_len!r}.')
@@ -95,7 +105,7 @@ class _PrefixKeyFn:
       delimiters: Optional[Sequence[str]] = None):
     if delimiters is None:
       delimiters = self.DEFAULT_DELIMITERS
-    _check_prefix_char_len(prefix_char_len)
+    _check_prefix_char_len(prefix_char_len, type(self).__name__)
     _check_delimiters(delimiters)
     self.prefix_char_len = prefix_char_len
     self.delimiters = tuple(delimiters)
@@ -284,6 +294,12 @@ class PrefixBatchingConfig:
     if self.key_fn is not None:
       if not callable(self.key_fn):
         raise TypeError(f'key_fn must be callable, got {self.key_fn!r}.')
+      if isinstance(self.key_fn, type) and issubclass(self.key_fn,
+                                                      _PrefixKeyFn):
+        raise TypeError(
+            f'key_fn must be a key function, not the class '
+            f'{self.key_fn.__name__}: pass {self.key_fn.__name__}(), got '
+            f'{self.key_fn!r}.')
       if self.prefix_char_len is not None or self.prefix_delimiters is not None:
         raise ValueError(
             'prefix_char_len and prefix_delimiters configure the default '

@@ -116,6 +116,20 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
       with self.assertRaisesRegex(error, message):
         key_fn_class(**kwargs)
 
+  def test_the_class_given_as_a_key_fn_says_so(self):
+    # The class is callable, so BatchElements(key_fn=PromptPrefixKeyFn)
+    # calls it with each element: the error says what went wrong.
+    for key_fn_class, element in ((PromptPrefixKeyFn, 'Translate.\n\nHi'),
+                                  (ChatPrefixKeyFn, [{'role': 'user'}])):
+      name = key_fn_class.__name__
+      with self.assertRaisesRegex(TypeError,
+                                  f'pass an instance, {name}\\(\\), not the '
+                                  'class'):
+        key_fn_class(element)
+    # A number is a setting, only of the wrong type.
+    with self.assertRaisesRegex(TypeError, r'got 2\.5\.$'):
+      PromptPrefixKeyFn(2.5)
+
   def test_keys_are_plain_text(self):
     # A key is a plain str cut from the prompt, so its deterministic encoding,
     # by which workers route it, is the same in every process.
@@ -271,6 +285,10 @@ class PrefixBatchingConfigTest(unittest.TestCase):
       param(dict(prefix_delimiters=':'), TypeError, 'prefix_delimiters'),
       param(
           dict(key_fn='key'), TypeError, "key_fn must be callable, got 'key'"),
+      param(
+          dict(key_fn=PromptPrefixKeyFn),
+          TypeError,
+          r'not the class PromptPrefixKeyFn: pass PromptPrefixKeyFn\(\)'),
       param(
           dict(key_fn=len, prefix_delimiters=(':', )),
           ValueError,
