@@ -1909,6 +1909,37 @@ class FormerNamesTest(unittest.TestCase):
         self.read(page, self.FORMER_NAMES), (scrape(32, 16, usage=0.5), 64))
 
 
+class EnginesTest(unittest.TestCase):
+  """A vLLM server with data parallelism shows a series per engine, told
+  apart by their engine label: the publisher reads them as one server."""
+  def test_counts_are_summed_and_cache_usage_is_the_fullest_engines(self):
+    # The fullest engine is neither the first series nor the last.
+    engines = [(24, 6, 0.6, 1, 50), (40, 10, 0.95, 2, 100), (8, 0, 0.7, 0, 30)]
+    page = ''.join(
+        vllm_text(
+            running,
+            waiting,
+            usage=usage,
+            preemptions=preemptions,
+            finished=finished).replace('engine="0"', f'engine="{engine}"')
+        for engine, (running, waiting, usage, preemptions,
+                     finished) in enumerate(engines))
+    estimator = _RecordingEstimator()
+    publisher = PrometheusNumLoadedModelsPublisher(
+        'http://a/metrics',
+        'tag',
+        VLLM_NAMES,
+        estimator=estimator,
+        fetch=lambda url: page)
+    publisher._poll()
+    # Saturation is read where the fullest engine's cache is full: with the
+    # load spread evenly, the usage per batch in flight over the whole
+    # server gives the server's capacity, and with it uneven, less.
+    self.assertEqual(
+        estimator.scrapes,
+        [scrape(72, 16, usage=0.95, preemptions=3, finished=180)])
+
+
 class ValidationTest(unittest.TestCase):
   def test_config_rejects_bad_values(self):
     cases = [
