@@ -123,7 +123,7 @@ _QUEUED_BATCHES = 2
 # The server is saturated by its queue when at least this share of the
 # scrapes of config.saturated_queue_secs found it queueing. Not every one:
 # with outputs of one length a batch's requests end together, and the queue
-# drains for the moment its senders take to send their next batches.
+# drains for the moment the worker's threads take to send their next batches.
 _QUEUED_SHARE = 0.5
 # While it queues, a server whose running requests rose by more than this
 # factor, from the least of the first half of config.saturated_queue_secs to
@@ -220,15 +220,15 @@ class AutoscalingConfig:
       capacity before the first measurement, in batches of the requests the
       server holds per batch in flight.
     max_batches_in_flight: optional. The most batches the worker can have
-      in flight at once: its senders, the DoFn threads
+      in flight at once: the DoFn threads
       (``--number_of_worker_harness_threads``) times the SDK processes that
       share the server. The value is never more than that, since a worker
-      cannot use more: a server that a worker's senders never saturate is
+      cannot use more: a server that a worker's threads never saturate is
       never measured, and its estimate would stay above them. Not a count
-      of the senders seen, which would follow the load. The vLLM handlers
-      set it, when it is not given, from the pipeline options when they
-      bound both (apache_beam.ml.inference.base.worker_senders); when they
-      do not, the value has no such cap.
+      of the threads seen sending, which would follow the load. The vLLM
+      handlers set it, when it is not given, from the pipeline options when
+      they bound both (see apache_beam.ml.inference.base.WorkerInfo); when
+      they do not, the value has no such cap.
     saturated_cache_usage: in (0, 1]. An interval between two scrapes is
       saturated when the server's cache usage is at least this at both ends.
     saturated_queue_secs: a scrape is saturated when requests of at least
@@ -378,7 +378,7 @@ class CapacityEstimator:
   Two batches, because a server prefilling long prompts makes the requests
   of the batch it is taking in wait for each other however idle it is; half
   the scrapes, because with outputs of one length a batch's requests end
-  together and the queue drains while their senders send again; a steady
+  together and the queue drains while their threads send again; a steady
   running count, because a server still taking in a load that arrived at
   once also has a queue for a while. With ``finished`` scraped, the server
   is measured only once it has finished as many requests as it runs.
@@ -609,9 +609,9 @@ class CapacityEstimator:
       value = self._estimate(now)
     if value is None:
       return None
-    senders = self._config.max_batches_in_flight
-    if senders is not None:
-      value = min(value, senders)
+    max_batches_in_flight = self._config.max_batches_in_flight
+    if max_batches_in_flight is not None:
+      value = min(value, max_batches_in_flight)
     self._answered, self._why = True, None
     return max(1, int(value + 0.5))
 

@@ -40,7 +40,7 @@ from apache_beam.ml.inference.autoscaling_metrics import PrometheusNumLoadedMode
 from apache_beam.ml.inference.autoscaling_metrics import ServerMetricNames
 from apache_beam.ml.inference.autoscaling_metrics import ServerScrape
 from apache_beam.ml.inference.autoscaling_metrics import num_loaded_models_name
-from apache_beam.ml.inference.base import worker_senders
+from apache_beam.ml.inference.base import _max_batches_in_flight
 from apache_beam.options.pipeline_options import PipelineOptions
 
 # The metric names of vLLM, as its handlers pass them.
@@ -468,7 +468,7 @@ def senders(case):
 
 @functools.lru_cache(maxsize=None)
 def _senders_of(options):
-  return worker_senders(PipelineOptions(list(options)))
+  return _max_batches_in_flight(PipelineOptions(list(options)))
 
 
 def true_capacity(case):
