@@ -241,6 +241,16 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
     return f'<{part_type}>'
 
 
+def _check_key_fn_instance(key_fn, name):
+  """Raises if key_fn is one of this module's key function classes rather
+  than an instance: the class is callable, so it would only fail later, on
+  every element. name names key_fn for the message."""
+  if isinstance(key_fn, type) and issubclass(key_fn, _PrefixKeyFn):
+    raise TypeError(
+        f'{name} must be a key function, not the class {key_fn.__name__}: '
+        f'pass {key_fn.__name__}(), got {key_fn!r}.')
+
+
 @dataclasses.dataclass(frozen=True)
 class PrefixBatchingConfig:
   """How an LLM model handler batches requests by prompt prefix.
@@ -294,12 +304,7 @@ class PrefixBatchingConfig:
     if self.key_fn is not None:
       if not callable(self.key_fn):
         raise TypeError(f'key_fn must be callable, got {self.key_fn!r}.')
-      if isinstance(self.key_fn, type) and issubclass(self.key_fn,
-                                                      _PrefixKeyFn):
-        raise TypeError(
-            f'key_fn must be a key function, not the class '
-            f'{self.key_fn.__name__}: pass {self.key_fn.__name__}(), got '
-            f'{self.key_fn!r}.')
+      _check_key_fn_instance(self.key_fn, 'key_fn')
       if self.prefix_char_len is not None or self.prefix_delimiters is not None:
         raise ValueError(
             'prefix_char_len and prefix_delimiters configure the default '
