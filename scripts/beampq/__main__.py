@@ -100,6 +100,8 @@ def _pytest_args(args: argparse.Namespace) -> list[str]:
 
 
 def test(project: Project, args: argparse.Namespace) -> int:
+  if args.heads:
+    return suite.heads(Workspace.open(project), _pytest_args(args))
   return suite.run(Workspace.open(project), _pytest_args(args), args.series)
 
 
@@ -175,6 +177,11 @@ def parser() -> argparse.ArgumentParser:
       '--series',
       action='store_true',
       help='only the tests the queue adds or changes in the test modules')
+  test_parser.add_argument(
+      '--heads',
+      action='store_true',
+      help='those tests, up to each pull request before the last, on the '
+      'tree at its head')
   test_parser.add_argument('pytest_args', nargs=argparse.REMAINDER)
   action('regression', regression,
          'the wider suites, compared with the base').add_argument(

@@ -64,6 +64,8 @@ def test_test_takes_series_and_pytest_arguments():
   assert args.series
   assert args.pytest_args == ['--', '-k', 'Keyed']
   assert not parser().parse_args(['test']).series
+  assert parser().parse_args(['test', '--heads']).heads
+  assert not parser().parse_args(['test']).heads
 
 
 def test_actions_run_on_the_project(project, tmp_path, capsys):

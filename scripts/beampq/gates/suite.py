@@ -140,6 +140,38 @@ def run(ws: Workspace, pytest_args: list[str], series: bool = False) -> int:
   return pytest_on(ws.sdk, modules + pytest_args, cache, chosen=chosen)
 
 
+def heads(ws: Workspace, pytest_args: list[str]) -> int:
+  """The tests the queue adds or changes up to the head of each pull request
+  before the last, run on the tree at that head: each pull request is
+  submitted without the ones after it, and must pass there alone (a name
+  or an argument that a later pull request adds is missing at its head)."""
+  pull_request_heads = ws.pull_request_heads()
+  if pull_request_heads is None:
+    return 1
+  cache = ws.project.build / 'pytest-cache'
+  failed = []
+  for name, commit in pull_request_heads:
+    modified, added = ws.changed_at(commit)
+    test_modules = [f for f in modified + added if f.endswith('_test.py')]
+    with tempfile.TemporaryDirectory(prefix='beampq-head-') as scratch:
+      sdk = ws.sdk_at(commit, None, Path(scratch))
+      chosen = selection.series_tests(ws.base_sdk, sdk, test_modules)
+      modules = [module for module, tests in chosen.items() if tests]
+      print(
+          f'beampq: at the head of {name} ({commit[:12]}): the tests the '
+          f'queue adds or changes up to it: {selection.count(chosen)}',
+          flush=True)
+      if modules and pytest_on(sdk, modules + pytest_args, cache,
+                               chosen=chosen):
+        failed.append(name)
+  print(
+      f'beampq: heads: {len(pull_request_heads)} pull requests tested at '
+      f'their heads; ' + (
+          f'failing at the head of: {", ".join(failed)}'
+          if failed else 'all pass'))
+  return 1 if failed else 0
+
+
 def regression_modules(sdk: Path) -> list[str]:
   """The test modules of REGRESSION_FOLDERS, plus the tests of every module
   (examples aside) that uses BatchElements."""

@@ -22,7 +22,11 @@ import os
 import subprocess
 import sys
 
+from beampq import refresh
+from beampq import testing
+from beampq import tree
 from beampq.gates import suite
+from beampq.gates.workspace import Workspace
 
 
 def test_regression_failures_are_classified():
@@ -81,3 +85,72 @@ def test_beam_tests_get_a_temporary_folder_of_their_own(tmp_path):
   assert seen[1] == str(suite.PACKAGE_PARENT / 'beampq' / '__init__.py')
   assert env['BEAMPQ_TREE'] == str(tmp_path / 'sdk')
   assert env['PYTHONPATH'].split(os.pathsep)[0] == str(tmp_path / 'sdk')
+
+
+AREA_TEST = """\
+import unittest
+
+from apache_beam import area
+
+
+class AreaTest(unittest.TestCase):
+  def test_area(self):
+    self.assertEqual(area.area(2), 12)
+"""
+
+# A base with what the gates' pytest plugin imports from Beam.
+SDIST_WITH_TEST_SETUP = testing.make_sdist({
+    'apache_beam/__init__.py': '',
+    'apache_beam/options/__init__.py': '',
+    'apache_beam/options/pipeline_options.py': (
+        'def enable_all_additional_type_checks():\n  pass\n'),
+    'apache_beam/testing/__init__.py': '',
+    'apache_beam/testing/test_pipeline.py': 'class TestPipeline:\n  pass\n',
+    'apache_beam/util.py': testing.UTIL,
+    'setup.cfg': '[yapf]\n',
+})
+
+
+def test_heads_test_each_pull_request_alone(tmp_path, index, capsys):
+  # The first pull request's code uses a name that only the second defines:
+  # the tree passes its tests, but the first is submitted broken.
+  index.publish('apache_beam-9.9.0.tar.gz', SDIST_WITH_TEST_SETUP)
+  project = testing.make_project(tmp_path / 'repo', SDIST_WITH_TEST_SETUP)
+  tree.update(project)
+  area = 'def area(r):\n  return SCALE * r * r\n'
+  testing.commit_in_tree(
+      project,
+      '[Python] Add area',
+      {
+          'sdks/python/apache_beam/area.py': area,
+          'sdks/python/apache_beam/area_test.py': AREA_TEST,
+      })
+  testing.commit_in_tree(
+      project,
+      '[Python] Define SCALE',
+      {'sdks/python/apache_beam/area.py': 'SCALE = 3\n\n\n' + area})
+  refresh.refresh(project)
+  testing.start_pull_request(project, 'scale', '0002-Python-Define-SCALE.patch')
+  ws = Workspace.open(project)
+  assert suite.run(ws, ['apache_beam/area_test.py']) == 0
+  capsys.readouterr()
+  assert suite.heads(ws, []) == 1
+  out = capsys.readouterr().out
+  assert 'at the head of fix' in out
+  assert "NameError: name 'SCALE' is not defined" in out
+  assert 'failing at the head of: fix' in out
+
+
+def test_heads_pass_when_each_pull_request_passes_alone(project, capsys):
+  # make_queue: the first pull request changes util.py and adds no test.
+  assert suite.heads(Workspace.open(project), []) == 0
+  out = capsys.readouterr().out
+  assert 'at the head of fix' in out
+  assert 'all pass' in out
+
+
+def test_heads_fail_when_the_heads_cannot_be_told(project, capsys):
+  testing.commit_in_tree(
+      project, 'Local', {'sdks/python/apache_beam/new_mod.py': 'NEW = 2\n'})
+  assert suite.heads(Workspace.open(project), []) == 1
+  assert '3 commits for 2 patches' in capsys.readouterr().out

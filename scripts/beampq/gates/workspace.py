@@ -105,16 +105,20 @@ class Workspace:
     subdir = self.project.base.subdir
     return python_files(subdir, modified), python_files(subdir, added)
 
-  def sdk_at(self, commit: str, files: list[str], dest: Path) -> Path:
+  def sdk_at(self, commit: str, files: Optional[list[str]], dest: Path) -> Path:
     """Extracts the sdk folder's files (relative to it) at a commit of the
     tree into dest, with the sdk's pyproject.toml (ruff's settings), and
-    returns the sdk folder there."""
+    returns the sdk folder there. With files None, the whole sdk folder."""
     subdir = self.project.base.subdir
-    paths = [f'{subdir}/{f}' for f in ['pyproject.toml', *files]]
-    paths = [
-        path for path in paths if git.attempt(
-            'cat-file', '-e', f'{commit}:{path}', cwd=self.tree).returncode == 0
-    ]
+    if files is None:
+      paths = [subdir]
+    else:
+      paths = [f'{subdir}/{f}' for f in ['pyproject.toml', *files]]
+      paths = [
+          path for path in paths
+          if git.attempt('cat-file', '-e', f'{commit}:{path}',
+                         cwd=self.tree).returncode == 0
+      ]
     archive = git.binary_output(
         'archive', '--format=tar', commit, '--', *paths, cwd=self.tree)
     with tempfile.TemporaryFile() as buffer:
