@@ -115,10 +115,20 @@ class _PrefixKeyFn:
 
   def _cut(self, text: str) -> str:
     head = text[:self._window]
+    # Delimiters that open the text end no shared part: the key runs to the
+    # first delimiter after them, so that it is never empty, nor only
+    # delimiters that unrelated texts open with too.
+    start = 0
+    skipped = True
+    while skipped:
+      skipped = False
+      for delimiter in self.delimiters:
+        if head.startswith(delimiter, start):
+          start += len(delimiter)
+          skipped = True
     cut = self.prefix_char_len
     for delimiter in self.delimiters:
-      # A delimiter at the very start would leave an empty key.
-      at = head.find(delimiter, 1)
+      at = head.find(delimiter, start)
       if 0 < at < cut:
         cut = at
     return head[:cut]
@@ -143,8 +153,9 @@ class PromptPrefixKeyFn(_PrefixKeyFn):
     prefix_char_len: the longest key, in characters. Defaults to
       DEFAULT_PREFIX_CHAR_LEN.
     delimiters: strings that end the shared part of a prompt. Defaults to
-      ``('\\n\\n',)``, a blank line; ``()`` keys by length alone. A delimiter
-      at the very start of a prompt is ignored.
+      ``('\\n\\n',)``, a blank line; ``()`` keys by length alone.
+      Delimiters at the very start of a prompt are skipped: the key runs to
+      the first delimiter after them.
   """
   DEFAULT_DELIMITERS = ('\n\n', )
 
@@ -267,7 +278,8 @@ class PrefixBatchingConfig:
       key to an int, or an AdaptiveNumShards (see BatchElements'
       num_shards). A mapping is keyed by what the key function returns: the
       prefix text for PromptPrefixKeyFn, a (role, text) pair for
-      ChatPrefixKeyFn; unlisted keys get one shard.
+      ChatPrefixKeyFn; unlisted keys get one shard, or a defaultdict's
+      default.
       One shard gives the most cache reuse but serves a prefix on one worker
       at a time, which caps a prefix shared by most of the traffic at one
       worker's throughput; more shards spread such a prefix over more

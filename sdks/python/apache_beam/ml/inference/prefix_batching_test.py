@@ -88,6 +88,20 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
   def test_a_leading_delimiter_is_ignored(self):
     self.assertEqual(PromptPrefixKeyFn()('\n\nabc\n\nd'), '\n\nabc')
 
+  def test_leading_delimiters_are_skipped_however_many(self):
+    # Prompts that open with blank lines keep keys of their own, not the
+    # newline that such prompts share.
+    key_fn = PromptPrefixKeyFn()
+    self.assertEqual(key_fn('\n\n\nTranslate.\n\nx'), '\n\n\nTranslate.')
+    self.assertEqual(key_fn('\n\n\n\nSummarize.\n\ny'), '\n\n\n\nSummarize.')
+    self.assertEqual(key_fn('\n\n\n\n'), '\n\n\n\n')
+    key_fn = PromptPrefixKeyFn(delimiters=(':', '\n\n'))
+    self.assertEqual(key_fn(':\n\n: Pick one: x'), ':\n\n: Pick one')
+    self.assertEqual(
+        ChatPrefixKeyFn(delimiters=('\n\n', ))([{
+            'role': 'system', 'content': '\n\n\nBe brief.\n\nDate: today'
+        }]), ('system', '\n\n\nBe brief.'))
+
   def test_search_is_bounded_by_the_prefix(self):
     key_fn = PromptPrefixKeyFn(10)
     huge = _NoFullScan('x' * (8 << 20))
