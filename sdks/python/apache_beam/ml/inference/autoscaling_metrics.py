@@ -227,8 +227,9 @@ class AutoscalingConfig:
       never measured, and its estimate would stay above them. Not a count
       of the threads seen sending, which would follow the load. The vLLM
       handlers set it, when it is not given, from the pipeline options when
-      they bound both (see apache_beam.ml.inference.base.WorkerInfo); when
-      they do not, the value has no such cap.
+      they bound the threads and run one SDK process per worker (see
+      apache_beam.ml.inference.base.WorkerInfo); when they do not, the
+      value has no such cap.
     saturated_cache_usage: in (0, 1]. An interval between two scrapes is
       saturated when the server's cache usage is at least this at both ends.
     saturated_queue_secs: a scrape is saturated when requests of at least

@@ -408,8 +408,8 @@ CASES = {
         max_num_seqs=256,
         kv_tokens=10**7,
         options=(
-            '--number_of_worker_harness_threads=12',
-            '--sdk_worker_parallelism=2'),
+            '--number_of_worker_harness_threads=24',
+            '--experiments=no_use_multiple_sdk_containers'),
         demand=84,
         prior=256),
 }
