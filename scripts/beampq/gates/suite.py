@@ -129,15 +129,28 @@ def run(ws: Workspace, pytest_args: list[str], series: bool = False) -> int:
     targets = pytest_args or ws.test_modules
     print(f'beampq: test modules: {" ".join(targets)}')
     return pytest_on(ws.sdk, targets, cache)
-  chosen = selection.series_tests(ws.base_sdk, ws.sdk, ws.test_modules)
+  return _series_on(ws, ws.sdk, ws.test_modules, pytest_args, '')
+
+
+def _series_on(
+    ws: Workspace,
+    sdk: Path,
+    test_modules: list[str],
+    pytest_args: list[str],
+    where: str) -> int:
+  """Runs in sdk the tests that sdk adds or changes in test_modules against
+  the base; where says which tree sdk is, for the messages."""
+  chosen = selection.series_tests(ws.base_sdk, sdk, test_modules)
   print(
-      f'beampq: the tests the queue adds or changes: '
-      f'{selection.count(chosen)}')
+      f'beampq: {where}the tests the queue adds or changes: '
+      f'{selection.count(chosen)}',
+      flush=True)
   modules = [module for module, tests in chosen.items() if tests]
   if not modules:
     print('beampq: the queue adds or changes no test: nothing to run')
     return 0
-  return pytest_on(ws.sdk, modules + pytest_args, cache, chosen=chosen)
+  cache = ws.project.build / 'pytest-cache'
+  return pytest_on(sdk, modules + pytest_args, cache, chosen=chosen)
 
 
 def heads(ws: Workspace, pytest_args: list[str]) -> int:
@@ -148,21 +161,17 @@ def heads(ws: Workspace, pytest_args: list[str]) -> int:
   pull_request_heads = ws.pull_request_heads()
   if pull_request_heads is None:
     return 1
-  cache = ws.project.build / 'pytest-cache'
   failed = []
   for name, commit in pull_request_heads:
     modified, added = ws.changed_at(commit)
     test_modules = [f for f in modified + added if f.endswith('_test.py')]
     with tempfile.TemporaryDirectory(prefix='beampq-head-') as scratch:
       sdk = ws.sdk_at(commit, None, Path(scratch))
-      chosen = selection.series_tests(ws.base_sdk, sdk, test_modules)
-      modules = [module for module, tests in chosen.items() if tests]
-      print(
-          f'beampq: at the head of {name} ({commit[:12]}): the tests the '
-          f'queue adds or changes up to it: {selection.count(chosen)}',
-          flush=True)
-      if modules and pytest_on(sdk, modules + pytest_args, cache,
-                               chosen=chosen):
+      if _series_on(ws,
+                    sdk,
+                    test_modules,
+                    pytest_args,
+                    f'at the head of {name} ({commit[:12]}): '):
         failed.append(name)
   print(
       f'beampq: heads: {len(pull_request_heads)} pull requests tested at '
