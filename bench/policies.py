@@ -117,7 +117,7 @@ class CopiedShards:
 # 0011's _COLD_MIN_SPAN_PERIODS.
 COLD_MIN_SPAN_PERIODS = 4
 # 0011's _ColdKeys doubles a process's cold slots once each would fill this
-# many batches per buffering period.
+# many batches (of the batch size) per buffering period.
 COLD_SPLIT_FILLS = 4
 
 
@@ -209,8 +209,7 @@ class TwoStage:
         max(
             self.min_span_us,
             COLD_MIN_SPAN_PERIODS * self.buffering_s * MICROS))
-    fills = rate * self.buffering_s / min(
-        self.batch_size, self.own_batches_from)
+    fills = rate * self.buffering_s / self.batch_size
     while fills >= COLD_SPLIT_FILLS * meter[3] and meter[3] < self._max_slots:
       meter[3] *= 2
     while fills < meter[3] and meter[3] > 1:
