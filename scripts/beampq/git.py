@@ -253,9 +253,9 @@ def verify_applies_exactly(
         f'line {moved.group(2)}')
 
 
-def side_work(repo: Path) -> list[str]:
-  """What a repository holds besides its checked-out branch: its stashes
-  and its other branches, described."""
+def side_work(repo: Path, own_tags: tuple[str, ...] = ()) -> list[str]:
+  """What a repository holds besides its checked-out branch: its stashes,
+  its other branches and its tags but own_tags, described."""
   found = []
   stashes = output('stash', 'list', cwd=repo).splitlines()
   if stashes:
@@ -268,6 +268,13 @@ def side_work(repo: Path) -> list[str]:
   ]
   if branches:
     found.append(f'branches {", ".join(branches)}')
+  tags = [
+      t for t in output(
+          'for-each-ref', '--format=%(refname:short)', 'refs/tags',
+          cwd=repo).splitlines() if t not in own_tags
+  ]
+  if tags:
+    found.append(f'tags {", ".join(tags)}')
   return found
 
 

@@ -165,11 +165,22 @@ def update(
         f'({"; ".join(now.local_work)})')
     return tree
   if now.local_work and not force:
+    in_progress = git.operation_in_progress(tree)
+    keep = (
+        f'finish or abort the {in_progress} in progress, then run `beampq '
+        'refresh`' if in_progress else
+        'run `beampq refresh` (after committing any uncommitted changes)')
     raise Error(
         f'{project.rel(tree)} has work that is not in patches/ '
-        f'({"; ".join(now.local_work)}): run `beampq refresh` to keep it '
-        'or `beampq tree --force` to discard it')
-  side = git.side_work(tree) if (tree / '.git').is_dir() else []
+        f'({"; ".join(now.local_work)}): {keep} to keep it, or run '
+        '`beampq tree --force` to discard it')
+  if now.stamp is None and tree.exists() and not force:
+    raise Error(
+        f'{project.rel(tree)} was not built by beampq (it has no '
+        f'.git/{state.STAMP}), so its work cannot be told apart: move it '
+        'away, or run `beampq tree --force` to replace it')
+  side = git.side_work(
+      tree, own_tags=(BASE_TAG, )) if (tree / '.git').is_dir() else []
   if side and not force:
     raise Error(
         f'{project.rel(tree)} has {" and ".join(side)}, which a rebuild '

@@ -18,6 +18,7 @@
 """Tests of beampq.tree: importing the queue as commits (build/beam),
 keeping it current, and never discarding local work."""
 
+import json
 import shutil
 
 import pytest
@@ -26,6 +27,7 @@ from beampq import Error
 from beampq import check
 from beampq import git
 from beampq import refresh
+from beampq import state
 from beampq import testing
 from beampq import tree
 from beampq import upstream
@@ -141,6 +143,33 @@ def test_tree_keeps_stashes_and_branches(project):
   assert tree_git(project, 'stash', 'list')
   tree.update(project, force=True)
   assert not tree_git(project, 'stash', 'list')
+
+
+def test_tree_keeps_commits_only_a_tag_holds(project):
+  commit_in_tree(project, 'Kept', {'sdks/python/apache_beam/util.py': 'x\n'})
+  tree_git(project, 'tag', 'my-wip')
+  tree_git(project, 'reset', '-q', '--hard', 'HEAD~1')
+  state.write_stamp(
+      project.tree,
+      **dict(
+          json.loads((project.tree / '.git' / state.STAMP).read_text()),
+          head=tree_git(project, 'rev-parse', 'HEAD')))
+  patch = project.patches / FIRST
+  patch.write_text(patch.read_text() + '\n')
+  with pytest.raises(Error, match='has tags my-wip'):
+    tree.update(project)
+  assert tree_git(project, 'log', '-1', '--format=%s', 'my-wip') == 'Kept'
+
+
+def test_tree_refuses_a_tree_it_did_not_build(project):
+  commit_in_tree(project, 'Mine', {'sdks/python/apache_beam/util.py': 'x\n'})
+  (project.tree / '.git' / state.STAMP).unlink()
+  with pytest.raises(Error, match='was not built by beampq'):
+    tree.update(project)
+  assert tree_git(project, 'log', '-1', '--format=%s') == 'Mine'
+  tree.update(project, force=True)
+  assert tree_git(
+      project, 'log', '-1', '--format=%s') == '[Python] Add a module'
 
 
 def test_a_patch_that_does_not_apply_fails_and_leaves_no_tree(project):

@@ -69,9 +69,13 @@ def _am(checkout: Path, patch: Path) -> Optional[str]:
       isolated=False)
   if result.returncode == 0:
     return None
-  where = re.findall(
-      r'(?:patch failed: |CONFLICT \(content\): Merge conflict in )(\S+)',
-      result.stdout + result.stderr)
+  # --quiet hides git's conflict lines; the index still names the files.
+  unmerged = git.output(
+      'diff', '--name-only', '--diff-filter=U', cwd=checkout,
+      isolated=False).split()
+  if unmerged:
+    return ', '.join(unmerged)
+  where = re.findall(r'patch failed: (\S+)', result.stdout + result.stderr)
   return where[0] if where else ''
 
 

@@ -97,6 +97,8 @@ def test_apply_leaves_the_checkout_as_it_was_on_failure(project, tmp_path):
   with pytest.raises(Error) as raised:
     upstream.apply(project, checkout)
   assert f'{SECOND} does not apply' in str(raised.value)
+  # git am's quiet output names no file; the error does.
+  assert 'sdks/python/apache_beam/util.py' in str(raised.value)
   assert git.output('rev-parse', 'HEAD', cwd=checkout) == head
   assert git.output('status', '--porcelain', cwd=checkout) == ''
   assert git.operation_in_progress(checkout) is None

@@ -21,6 +21,7 @@ unittest.main check and pyrefly (`lint`), pylint
 and mypy with Beam's legacy settings, and `format`, which fixes what yapf
 and ruff's import sorting can fix."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -37,6 +38,11 @@ SETTINGS = Path(__file__).parent
 
 
 def _tool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+  if importlib.util.find_spec(args[0]) is None:
+    # Else `python -m` fails with the status that means findings to mypy.
+    raise Error(
+        f'{args[0]} is not installed for {sys.executable}: run the gate '
+        'through its tox env (see tox.ini)')
   return subprocess.run([sys.executable, '-m', *args],
                         cwd=cwd,
                         capture_output=True,

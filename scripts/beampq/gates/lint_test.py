@@ -18,6 +18,9 @@
 """Tests of beampq.gates.lint on a small project's tree, with the real ruff
 and yapf the harness env installs."""
 
+import pytest
+
+from beampq import Error
 from beampq import refresh
 from beampq import testing
 from beampq import tree
@@ -37,6 +40,13 @@ def test_unittest_main_check(tmp_path):
   assert lint.unittest_main_problems(tmp_path, list(files) + ['gone.py']) == [
       'a_test.py imports unittest but never calls unittest.main'
   ]
+
+
+def test_a_gate_whose_tool_is_missing_fails(tmp_path):
+  # `python -m mypy` without mypy exits 1, which mypy uses for findings:
+  # the gate must not read that as a clean run.
+  with pytest.raises(Error, match='no_such_linter is not installed'):
+    lint._tool('no_such_linter', '--version', cwd=tmp_path)
 
 
 def test_ruff_ratchet_fails_only_on_what_the_queue_adds(project, capsys):
