@@ -114,10 +114,13 @@ def _within_noise(below):
   highs = [b['interval'][1] for b in below if b['interval'] is not None]
   reaching = sum(1 for high in highs if high >= v4_summary.NEVER_SLOWER)
   return (
-      f' The median\'s {v4_summary.INTERVAL_COVERAGE:.0%} interval over '
-      f'placements reaches {v4_summary.NEVER_SLOWER:.2f}x at {reaching} of '
-      'them, which the run cannot tell from the floor, and stays below it '
-      f'at {len(highs) - reaching}.')
+      f' An interval of at least {v4_summary.INTERVAL_COVERAGE:.0%} for '
+      'the median over seeds (a seed\'s placements share its requests) '
+      f'reaches {v4_summary.NEVER_SLOWER:.2f}x at {reaching} of them, '
+      'which the run cannot tell from the floor, and stays below it at '
+      f'{len(highs) - reaching}' + (
+          f'; {len(below) - len(highs)} have too few seeds for one'
+          if len(highs) < len(below) else '') + '.')
 
 
 def _other_references(goals, limit=3):
@@ -252,12 +255,18 @@ def readme_why(results) -> str:
         f'| {label} | {_where(dep, workload, r_key, d_key)} | '
         f'{point["default"]["ratio"]:.2f}x | {point["bound"]["ratio"]:.2f}x |')
   rows.insert(1, f'| median | all {len(ranked)} points | {median:.2f}x | |')
+  placements = sorted({p[4][v4_summary.POINT]['placements'] for p in ranked})
+  by_decode = {}
+  for p in ranked:
+    by_decode.setdefault(p[3], []).append(p[4]['default']['ratio'])
+  stateless = goals['below_stateless']
+  worst_stateless = min(stateless, key=lambda b: b['ratio'], default=None)
   return '\n'.join([
       '`PrefixBatchingConfig()`\'s throughput over 2.77.0\'s batching in a '
       'simulated fleet of GPU-sized LLM workers with prefix caches (benchmark '
       f'v4 on `{results["meta"]["beam_tree_commit"][:12]}`, medians over '
-      f'{section["meta"]["placements"]} placements; the bound is what any '
-      'router could get there):',
+      f'{" to ".join(str(n) for n in placements)} placements; the bound is '
+      'what no router could beat in this model):',
       '',
       '| | where | default | bound |',
       '|---|---|---|---|',
@@ -265,8 +274,18 @@ def readme_why(results) -> str:
       '',
       f'Below {v4_summary.NEVER_SLOWER:.2f}x at {len(goals["below"])} of '
       f'{goals["points"]} points, at least 1.5x at '
-      f'{sum(p[4]["default"]["ratio"] >= 1.5 for p in ranked)}; every point, '
-      'and why: [docs/benchmark.md](docs/benchmark.md).',
+      f'{sum(p[4]["default"]["ratio"] >= 1.5 for p in ranked)}. The median '
+      'by decoded tokens per request: ' + ', '.join(
+          f'{d_key[1:]}: {statistics.median(ratios):.2f}x'
+          for d_key, ratios in sorted(
+              by_decode.items(), key=lambda item: int(item[0][1:]))) +
+      '. In streaming the baseline is 2.77.0\'s stateful path (the '
+      'buffering the config turns on); against its stateless path, which the '
+      'vLLM handlers use unless given `max_batch_duration_secs`, the default '
+      f'is below {v4_summary.NEVER_SLOWER:.2f}x at {len(stateless)} of '
+      f'{goals["streaming_points"]} streaming points' +
+      (f' (worst {worst_stateless["ratio"]:.2f}x)' if worst_stateless else '') +
+      '. Every point, and why: [docs/benchmark.md](docs/benchmark.md).',
   ])
 
 

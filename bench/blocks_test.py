@@ -19,6 +19,7 @@
 request descriptions quote only figures generated from bench/results.json."""
 
 import json
+import statistics
 
 import pytest
 
@@ -110,12 +111,12 @@ def test_the_readme_block_says_where_the_default_loses():
 
 def test_the_losses_say_which_points_the_run_cannot_tell_from_the_floor():
   # Highs of 0.99 and 0.97 reach the floor, 0.96 does not, and a point of
-  # too few placements has no interval.
+  # too few seeds has no interval.
   intervals = [(0.90, 0.99, 0.96), (0.90, 0.97, 0.96), (0.90, 0.96, 0.96)]
   below = [{'interval': i} for i in intervals + [None]]
   text = blocks._within_noise(below)  # pylint: disable=protected-access
   assert 'reaches 0.97x at 2 of them' in text
-  assert 'stays below it at 1.' in text
+  assert 'stays below it at 1; 1 have too few seeds for one.' in text
 
 
 def test_the_readme_why_block_shows_the_best_and_the_worst_point():
@@ -144,3 +145,26 @@ def test_the_readme_why_block_shows_the_best_and_the_worst_point():
   assert ranked()[-1][4] is point
   assert row('best', ranked()[-1]) in text and '99.00x' in text
   assert row('worst', ranked()[0]) in text
+
+
+def test_the_readme_why_block_states_the_losses_beside_the_goals():
+  # The stateless reference's count and the medians by decoding length
+  # come from the results, as do the placements each point has.
+  results = small_results()
+  section = results['v4']
+  goals = blocks.v4_summary.goals(section)
+  text = blocks.readme_why(results)
+  assert (
+      f'at {len(goals["below_stateless"])} of {goals["streaming_points"]} '
+      'streaming points') in text
+  for d_key in {p[3] for p in blocks.v4_summary.points(section)}:
+    ratios = [
+        p[4]['default']['ratio'] for p in blocks.v4_summary.points(section)
+        if p[3] == d_key
+    ]
+    assert f'{d_key[1:]}: {statistics.median(ratios):.2f}x' in text
+  placements = sorted({
+      p[4][blocks.v4_summary.POINT]['placements']
+      for p in blocks.v4_summary.points(section)
+  })
+  assert f'medians over {" to ".join(map(str, placements))} placements' in text

@@ -93,9 +93,11 @@ def _meta(results):
         'worker of the deployment\'s baseline (at every salt, and of the '
         'stateless reference) has evicted one C of tokens (R >= 1) or holds '
         'every prefix that carries 99% of its traffic (R < 1), the same for '
-        'every strategy; "all warm" is the share of seeds at which every '
-        'worker of every strategy was warm by then too (where it is not, '
-        'keyed strategies are scored partly cold). t0 is at most '
+        'every strategy; "all warm" is the share of seeds at which '
+        'every worker of every strategy was warm by then too, by the same '
+        'test (at R >= 1 a keyed worker whose prefixes fit its cache never '
+        'evicts one C, so there it is 0 wherever routing works and says '
+        'nothing of how cold keyed strategies are). t0 is at most '
         f'{v["t0_cap_share"]} of the run, and a point whose t0 hit that cap '
         'says so (steady: no: some baseline worker, one a static hash gives '
         'little traffic, never turned its cache over). Only requests that '
@@ -136,7 +138,7 @@ def _cell(row):
 
 def _interval(interval):
   if interval is None:
-    return 'too few placements'
+    return 'too few seeds'
   low, high, coverage = interval
   return f'{low:.3f}-{high:.3f} ({coverage:.0%})'
 
@@ -165,10 +167,11 @@ def _goals(section):
                    for b in goals['below_stateless']]) + ['']
   if goals['below']:
     lines += [
-        'The interval holds the median over placements with at least the '
-        'chance it gives, whatever their distribution (order statistics '
-        'of the placements\' ratios, taken as independent draws of a '
-        'workload seed and a salt): where it reaches '
+        'The interval holds the median of the seeds\' ratios (each '
+        'seed\'s median over its salts, which share its requests and '
+        'batches) with at least the chance it gives, whatever their '
+        'distribution (order statistics of the seeds, taken as independent '
+        'draws): where it reaches '
         f'{v4_summary.NEVER_SLOWER}, the run cannot tell the point from '
         'one on the floor. '
         'The last column is the bound with each element shuffled as often '
@@ -247,6 +250,7 @@ def _tables(section):
                           f'{info["t0_s"]:.0f}',
                           f'{info["requests_scored"]:.0f}',
                           'yes' if info['steady'] else 'no',
+                          f'{info["all_warm_share"]:.2f}',
                           str(info['placements']),
                       ])
       lines += [f'{workload}:', ''] + _table([

@@ -19,6 +19,7 @@
 
 import functools
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -184,13 +185,24 @@ def test_the_median_interval_takes_the_order_statistics_that_cover_it():
   # with chance 1 - 2 * (1 + 12 + 66) / 4096; the 4th would cover it with
   # only 0.854.
   values = [1.2, 0.9, 1.0, 0.8, 1.1, 0.95, 1.05, 0.85, 1.15, 0.7, 1.3, 0.99]
-  low, high, coverage = v4_summary.median_interval(values)
+  low, high, coverage = v4_summary.median_interval(values, 0.95)
   assert (low, high) == (0.85, 1.15)
   assert coverage == pytest.approx(1 - 2 * 79 / 4096)
   # Coverage can be asked for: at 0.8 the 4th values do.
   assert v4_summary.median_interval(values, 0.8)[:2] == (0.9, 1.1)
-  # Three placements (an off-goal point) cannot cover it with 0.95.
-  assert v4_summary.median_interval([1.0, 0.9, 1.1]) is None
+  # Three values cannot cover it with 0.95; four seeds' least and
+  # greatest cover it with 0.875, the default's least coverage.
+  assert v4_summary.median_interval([1.0, 0.9, 1.1], 0.95) is None
+  assert v4_summary.median_interval([1.0, 0.9, 1.1, 0.8]) == (0.8, 1.1, 0.875)
+  assert v4_summary.median_interval([1.0, 0.9]) is None
+
+
+def test_the_interval_is_over_seeds_not_placements():
+  # A seed's salts share its requests: a point's ratios (seed-major, one
+  # per salt) count as one median per seed.
+  salts = len(v4.SALTS)
+  ratios = [0.8] * salts + [1.0] * salts + [1.2] * salts + [0.9] * salts
+  assert v4_summary.seed_medians(ratios) == [0.8, 1.0, 1.2, 0.9]
 
 
 def test_the_regimes_set_the_shareable_tokens():
@@ -232,10 +244,12 @@ def test_the_committed_runs_points_below_the_floor_carry_an_interval():
   for below in goals['below']:
     ratios = points[below['at']]['default']['ratios']
     low, high, _ = below['interval']
-    # Twelve placements: the 3rd least and 3rd greatest ratios.
+    # Twelve placements, four seeds: the least and greatest seed median.
     assert len(ratios) == 12
-    assert (low, high) == (sorted(ratios)[2], sorted(ratios)[9])
-    assert low <= below['ratio'] <= high
+    seeds = v4_summary.seed_medians(ratios)
+    assert len(seeds) == 4
+    assert (low, high) == (min(seeds), max(seeds))
+    assert low <= statistics.median(seeds) <= high
 
 
 def _below(point, names, tops):
@@ -319,3 +333,18 @@ def test_sorted_input_gives_the_batch_baseline_its_reuse():
   assert arrival['baseline'] < arrival['default'] - 0.1
   assert grouped['baseline'] > arrival['baseline'] + 0.1
   assert grouped['baseline'] >= grouped['default'] - 0.05
+
+
+def test_each_strategy_pays_the_shuffles_its_pipeline_has():
+  # 2.77.0's stateful path shuffles each element once (to its process's
+  # shared key), its stateless path never; the default shuffles once to
+  # batch and once more to measure the key's rate.
+  charges = v4._charges(SPEC)  # pylint: disable=protected-access
+  assert (charges['baseline'].shuffles,
+          charges['baseline'].first_stage) == (1, False)
+  assert (charges['stateless'].shuffles,
+          charges['stateless'].first_stage) == (0, False)
+  assert (charges['default'].shuffles,
+          charges['default'].first_stage) == (1, True)
+  assert (charges['keyed_8'].shuffles,
+          charges['keyed_8'].first_stage) == (1, False)
