@@ -121,7 +121,9 @@ def check(project: Project):
   if problems:
     for problem in problems:
       print(f'beampq: check: {problem}', file=sys.stderr)
-    raise Error(f'check found {len(problems)} problems')
+    raise Error(
+        f'check found {len(problems)} '
+        f'{"problem" if len(problems) == 1 else "problems"}')
   print(
       f'beampq: check: {len(series.pull_requests)} pull requests, '
       f'{len(series.patches)} patches and {len(series.new_files)} new files '

@@ -61,14 +61,14 @@ def test_check_fails_on_stray_and_missing_files(project, capsys):
 
 def test_check_fails_on_local_work(project):
   commit_in_tree(project, 'More', {'sdks/python/apache_beam/util.py': 'x\n'})
-  with pytest.raises(Error, match='check found 1 problems'):
+  with pytest.raises(Error, match='check found 1 problem$'):
     check.check(project)
 
 
 def test_check_fails_on_a_bad_changes_entry(project):
   project.changes.write_text(
       testing.CHANGES.replace('([#2](https', '(see [#2](https'))
-  with pytest.raises(Error, match='check found 1 problems'):
+  with pytest.raises(Error, match='check found 1 problem$'):
     check.check(project)
 
 
@@ -97,7 +97,7 @@ def add_empty_pull_request(project):
     ])
 def test_check_fails_on_pull_request_problems(project, capsys, edit, problem):
   edit(project)
-  with pytest.raises(Error, match='check found 1 problems'):
+  with pytest.raises(Error, match='check found 1 problem$'):
     check.check(project)
   assert problem in capsys.readouterr().err
 

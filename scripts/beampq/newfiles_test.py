@@ -176,7 +176,7 @@ def test_only_later_patches_may_change_a_new_file(
   text = project.series_file.read_text().replace(f'  + {MODULE_PATH}\n', '')
   project.series_file.write_text(
       text.replace(f'{adder}\n', f'{adder}\n  + {MODULE_PATH}\n'))
-  with pytest.raises(Error, match=f'check found {len(problems)} problems'):
+  with pytest.raises(Error, match=f'check found {len(problems)} problem'):
     check.check(project)
   err = capsys.readouterr().err
   for problem in problems:

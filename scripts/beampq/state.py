@@ -109,7 +109,9 @@ def tree_state(
     local_work.append(f'HEAD moved to {head[:12]}')
   dirty = git.dirty_paths(tree)
   if dirty:
-    local_work.append(f'{len(dirty)} uncommitted changes ({dirty[0].strip()})')
+    changes = 'change' if len(dirty) == 1 else 'changes'
+    local_work.append(
+        f'{len(dirty)} uncommitted {changes} ({dirty[0].strip()})')
   digest = inputs_digest(project, series or project.read_series())
   return TreeState(
       stamp, local_work, stamp.get('digest') == digest and not local_work)

@@ -33,7 +33,7 @@ def test_tree_state_is_the_one_answer_to_is_it_current(project):
   now = state.tree_state(project)
   assert not now.current
   assert now.local_work == [
-      '1 uncommitted changes (M sdks/python/apache_beam/util.py)'
+      '1 uncommitted change (M sdks/python/apache_beam/util.py)'
   ]
   tree_git(project, 'checkout', '--', '.')
   assert state.tree_state(project).current
