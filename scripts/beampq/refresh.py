@@ -213,7 +213,7 @@ def refresh(project: Project, force: bool = False):
     raise Error(
         f'a {in_progress} is in progress in {project.rel(tree)}; '
         'finish or abort it first')
-  dirty = git.dirty_paths(tree)
+  dirty = state.patch_changes(git.dirty_paths(tree))
   if dirty:
     raise Error(
         f'{project.rel(tree)} has uncommitted changes '

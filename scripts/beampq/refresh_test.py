@@ -139,6 +139,21 @@ def test_refresh_refuses_a_dirty_tree(project):
     refresh.refresh(project)
 
 
+def test_refresh_refuses_an_untracked_file_a_patch_could_add(project):
+  (project.tree / 'sdks/python/apache_beam/forgotten.py').write_text('X = 1\n')
+  with pytest.raises(Error, match='uncommitted changes .*forgotten.py'):
+    refresh.refresh(project)
+
+
+def test_refresh_ignores_untracked_files_outside_sdks(project):
+  # An editor's settings in the checkout are no patch's, and must not stop
+  # a refresh.
+  (project.tree / '.vscode').mkdir()
+  (project.tree / '.vscode/settings.json').write_text('{}\n')
+  refresh.refresh(project)
+  check.check(project)
+
+
 def test_refresh_refuses_an_operation_in_progress(project):
   tree_git(project, 'checkout', '-q', '-b', 'other', 'HEAD~1')
   commit_in_tree(

@@ -84,15 +84,28 @@ class TreeState:
   # beampq.
   stamp: Optional[dict[str, str]]
   # What the developer changed since the last build or refresh: a moved
-  # HEAD, uncommitted changes.
+  # HEAD, uncommitted changes a patch could hold (see `patch_changes`).
   local_work: list[str]
   # Built from exactly what patches/ holds now, and nothing changed since.
   current: bool
+  # Untracked files no patch can hold (an editor's settings): a refresh
+  # leaves them, a rebuild would discard them.
+  other_files: list[str] = dataclasses.field(default_factory=list)
 
   @property
   def base_commit(self) -> str:
     assert self.stamp is not None
     return self.stamp['base']
+
+
+def patch_changes(status_lines: list[str]) -> list[str]:
+  """The `git status --porcelain` lines that a patch could hold: changes to
+  tracked files, and untracked files under sdks/, where patches add theirs.
+  """
+  return [
+      line for line in status_lines
+      if not line.startswith('?? ') or line[3:].lstrip('"').startswith('sdks/')
+  ]
 
 
 def tree_state(
@@ -107,11 +120,15 @@ def tree_state(
   head = git.output('rev-parse', 'HEAD', cwd=tree)
   if head != stamp.get('head'):
     local_work.append(f'HEAD moved to {head[:12]}')
-  dirty = git.dirty_paths(tree)
+  status = git.dirty_paths(tree)
+  dirty = patch_changes(status)
   if dirty:
     changes = 'change' if len(dirty) == 1 else 'changes'
     local_work.append(
         f'{len(dirty)} uncommitted {changes} ({dirty[0].strip()})')
   digest = inputs_digest(project, series or project.read_series())
   return TreeState(
-      stamp, local_work, stamp.get('digest') == digest and not local_work)
+      stamp,
+      local_work,
+      stamp.get('digest') == digest and not local_work,
+      [line[3:] for line in status if line not in dirty])

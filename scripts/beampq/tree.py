@@ -190,6 +190,7 @@ def update(
   scratch = Path(tempfile.mkdtemp(prefix='.beam-', dir=project.build))
   try:
     build(project, scratch / 'beam')
+    _carry_over(now.other_files, tree, scratch / 'beam')
     if tree.exists():
       tree.rename(scratch / 'old')
     (scratch / 'beam').rename(tree)
@@ -197,6 +198,18 @@ def update(
     shutil.rmtree(scratch, ignore_errors=True)
   print(f'beampq: patched tree at {tree}')
   return tree
+
+
+def _carry_over(paths: list[str], old: Path, new: Path):
+  """Moves the untracked files and folders outside sdks/ (an editor's
+  settings) from the old tree into the new one, where it has none."""
+  for path in paths:
+    source, target = old / path, new / path
+    if not source.exists() or target.exists() or target.is_symlink():
+      print(f'beampq: not keeping {path} in the rebuilt tree')
+      continue
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source.rename(target)
 
 
 @contextlib.contextmanager

@@ -145,6 +145,20 @@ def test_tree_keeps_stashes_and_branches(project):
   assert not tree_git(project, 'stash', 'list')
 
 
+def test_tree_carries_untracked_files_outside_sdks_over(project):
+  # An editor's settings are no patch's: they neither count as local work
+  # nor are lost when patches/ changes and the tree is rebuilt.
+  (project.tree / '.vscode').mkdir()
+  (project.tree / '.vscode/settings.json').write_text('{}\n')
+  assert state.tree_state(project).current
+  check.check(project)
+  patch = project.patches / FIRST
+  patch.write_text(patch.read_text() + '\n')
+  tree.update(project)
+  assert (project.tree / '.vscode/settings.json').read_text() == '{}\n'
+  assert state.tree_state(project).current
+
+
 def test_tree_keeps_commits_only_a_tag_holds(project):
   commit_in_tree(project, 'Kept', {'sdks/python/apache_beam/util.py': 'x\n'})
   tree_git(project, 'tag', 'my-wip')
