@@ -67,6 +67,7 @@ def test_apply_inserts_changes_entries(project, tmp_path):
     'setup, message',
     [
         ('dirty', 'has uncommitted changes'),
+        ('merging', 'a merge is in progress'),
         ('not_git', 'is not the top of a git checkout'),
         ('not_beam', 'is not a Beam checkout'),
         ('missing', 'is not a directory'),
@@ -76,6 +77,17 @@ def test_apply_refuses_bad_checkouts(project, tmp_path, setup, message):
   if setup == 'dirty':
     make_checkout(project, checkout)
     (checkout / 'sdks/python/apache_beam/util.py').write_text('mine\n')
+  elif setup == 'merging':
+    # A merge stopped at a conflict: `git am` would refuse or mix its
+    # commits into it.
+    make_checkout(project, checkout)
+    util = checkout / 'sdks/python/apache_beam/util.py'
+    start = git.output('rev-parse', 'HEAD', cwd=checkout)
+    for branch, text in (('theirs', 'theirs\n'), ('ours', 'ours\n')):
+      git.run('checkout', '-q', '-b', branch, start, cwd=checkout)
+      util.write_text(text)
+      git.run('commit', '-qam', branch, cwd=checkout)
+    assert git.attempt('merge', 'theirs', cwd=checkout).returncode != 0
   elif setup == 'not_git':
     checkout.mkdir()
   elif setup == 'not_beam':
