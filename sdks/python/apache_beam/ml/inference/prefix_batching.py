@@ -63,7 +63,8 @@ def _identity(element):
 
 
 def _check_prefix_char_len(prefix_char_len, key_fn_class=None):
-  if isinstance(prefix_char_len, bool) or not isinstance(prefix_char_len, int):
+  if (isinstance(prefix_char_len, bool) or
+      not isinstance(prefix_char_len, numbers.Integral)):
     hint = ''
     if key_fn_class is not None and not isinstance(prefix_char_len,
                                                    numbers.Number):
@@ -86,7 +87,10 @@ def _check_delimiters(delimiters, name='delimiters'):
         f'{name} must be a sequence of strings such as (\'\\n\\n\',), got '
         f'{delimiters!r}.')
   for delimiter in delimiters:
-    if not isinstance(delimiter, str) or not delimiter:
+    if not isinstance(delimiter, str):
+      raise TypeError(
+          f'{name} must hold strings, got {delimiter!r} in {delimiters!r}.')
+    if not delimiter:
       raise ValueError(
           f'{name} must hold non-empty strings, got {delimiter!r} in '
           f'{delimiters!r}.')
@@ -107,6 +111,8 @@ class _PrefixKeyFn:
       delimiters = self.DEFAULT_DELIMITERS
     _check_prefix_char_len(prefix_char_len, type(self).__name__)
     _check_delimiters(delimiters)
+    # A numpy integer counts as its int.
+    prefix_char_len = int(prefix_char_len)
     self.prefix_char_len = prefix_char_len
     self.delimiters = tuple(delimiters)
     # A delimiter that starts before the cut may end after it.
@@ -153,9 +159,13 @@ class PromptPrefixKeyFn(_PrefixKeyFn):
     prefix_char_len: the longest key, in characters. Defaults to
       DEFAULT_PREFIX_CHAR_LEN.
     delimiters: strings that end the shared part of a prompt. Defaults to
-      ``('\\n\\n',)``, a blank line; ``()`` keys by length alone.
-      Delimiters at the very start of a prompt are skipped: the key runs to
-      the first delimiter after them.
+      ``('\\n\\n',)``, a blank line (``'\\r\\n\\r\\n'`` is another
+      delimiter); ``()`` keys by length alone. Delimiters at the very start
+      of a prompt are skipped: the key runs to the first delimiter after
+      them. A template whose fixed header ends in a blank line gives every
+      prompt one key: Llama 3's chat template puts one after its first role
+      header, so prompts rendered with it need the end of the shared part
+      instead, such as ``('<|eot_id|>',)``, which ends its system turn.
   """
   DEFAULT_DELIMITERS = ('\n\n', )
 
@@ -218,7 +228,9 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
     if not isinstance(role, str):
       raise TypeError(
           f'ChatPrefixKeyFn needs a str role, got {role!r} in a message.')
-    return role, content
+    # As the plain str it holds: a str Enum or subclass has no deterministic
+    # encoding of its own, or one that differs between workers.
+    return str.__str__(role), content
 
   def _content_text(self, content) -> str:
     if content is None or isinstance(content, str):

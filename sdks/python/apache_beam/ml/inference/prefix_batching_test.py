@@ -20,7 +20,10 @@
 # pytype: skip-file
 
 import dataclasses
+import enum
 import unittest
+
+import numpy as np
 
 from parameterized import param
 from parameterized import parameterized
@@ -123,7 +126,8 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
       param({'prefix_char_len': '5'}, TypeError, "got '5'"),
       param({'delimiters': '\n\n'}, TypeError, 'sequence of strings'),
       param({'delimiters': ('', )}, ValueError, "got '' in"),
-      param({'delimiters': (1, )}, ValueError, 'got 1 in'),
+      param({'delimiters': (1, )}, TypeError, 'hold strings, got 1 in'),
+      param({'delimiters': (b':', )}, TypeError, "hold strings, got b':' in"),
   ])
   def test_validation(self, kwargs, error, message):
     for key_fn_class in (PromptPrefixKeyFn, ChatPrefixKeyFn):
@@ -143,6 +147,29 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
     # A number is a setting, only of the wrong type.
     with self.assertRaisesRegex(TypeError, r'got 2\.5\.$'):
       PromptPrefixKeyFn(2.5)
+
+  def test_a_numpy_length_counts_as_its_int(self):
+    key_fn = PromptPrefixKeyFn(prefix_char_len=np.int64(4))
+    self.assertIs(type(key_fn.prefix_char_len), int)
+    self.assertEqual(key_fn('abcdef'), 'abcd')
+
+  def test_a_template_header_that_ends_in_a_blank_line(self):
+    # Llama 3's chat template ends its first role header with a blank line:
+    # by default, prompts with different system turns share a key; its
+    # end-of-turn token tells them apart, as the docstring advises.
+    def llama3(system):
+      return (
+          '<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n'
+          f'{system}<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi')
+
+    prompts = [llama3('Be brief.'), llama3('Answer in French.')]
+    self.assertEqual(len({PromptPrefixKeyFn()(p) for p in prompts}), 1)
+    by_turn = PromptPrefixKeyFn(delimiters=('<|eot_id|>', ))
+    self.assertEqual(
+        by_turn(prompts[0]),
+        '<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n'
+        'Be brief.')
+    self.assertEqual(len({by_turn(p) for p in prompts}), 2)
 
   def test_keys_are_plain_text(self):
     # A key is a plain str cut from the prompt, so its deterministic encoding,
@@ -166,6 +193,18 @@ class ChatPrefixKeyFnTest(unittest.TestCase):
     self.assertEqual(
         key_fn([system, dict(role='user', content='Other')]),
         ('system', 'You are a he'))
+
+  def test_a_str_enum_role_keys_as_its_text(self):
+    class Role(str, enum.Enum):
+      SYSTEM = 'system'
+
+    class Tagged(str):
+      pass
+
+    for role in (Role.SYSTEM, Tagged('system')):
+      key = ChatPrefixKeyFn()([dict(role=role, content='Hello')])
+      self.assertEqual(key, ('system', 'Hello'))
+      self.assertIs(type(key[0]), str)
 
   def test_role_is_part_of_the_key(self):
     key_fn = ChatPrefixKeyFn()
