@@ -224,7 +224,9 @@ class AutoscalingConfig:
       (``--number_of_worker_harness_threads``) times the SDK processes that
       share the server. The value is never more than that, since a worker
       cannot use more: a server that a worker's threads never saturate is
-      never measured, and its estimate would stay above them. Not a count
+      never measured, and its estimate would stay above them (up to 1.75
+      times, or 2 without a prior, what the worker sends), so that a pool
+      sized by it would stay too small and keep a backlog. Not a count
       of the threads seen sending, which would follow the load. The vLLM
       handlers set it, when it is not given, from the pipeline options when
       they bound the threads and run one SDK process per worker (see

@@ -2146,6 +2146,27 @@ class PublisherTest(unittest.TestCase):
     self.poll(publisher)
     self.assertEqual(publisher.value, 24)
 
+  def test_a_page_read_across_a_restart_is_not_told(self):
+    # set_metrics_url comes while the old server's page is read: the page is
+    # the old server's, and the estimator is not told it.
+    publisher = self.publisher()
+    for _ in range(24):
+      publisher.batch_started(8)
+
+    def read_then_restart(url):
+      publisher.set_metrics_url('http://sim/other')
+      return vllm_text(128, 0)
+
+    publisher._fetch = read_then_restart
+    self.poll(publisher)
+    self.assertEqual(
+        publisher.estimator.why_none,
+        'no scrape with batches in flight that did not queue yet')
+    publisher._fetch = self.fetch
+    self.page = vllm_text(128, 0)
+    self.poll(publisher)
+    self.assertIn('the load is still growing', publisher.estimator.why_none)
+
   def test_a_failed_scrape_of_an_exited_server_ends_the_loop(self):
     alive = [True]
     publisher = self.publisher(alive=lambda: alive[0])
@@ -2162,6 +2183,22 @@ class PublisherTest(unittest.TestCase):
     successor = self.publisher(estimator=publisher.estimator)
     self.poll(successor)
     self.assertEqual(successor.value, 16)
+
+  def test_a_successor_measures_its_server_afresh(self):
+    # The restarted server's queue is saturation only after a span of its
+    # own scrapes, as a new server's is: neither the old server's scrapes
+    # nor the interval between the two servers count toward it.
+    publisher = self.publisher()
+    self.saturate(publisher)
+    # Past the window of the old server's samples, within the hold.
+    self.now += 400
+    successor = self.publisher(estimator=publisher.estimator)
+    # Requests of 4 of the 24 batches wait: 20 are served.
+    self.page = vllm_text(160, 32)
+    self.poll(successor, 12)
+    self.assertEqual(successor.value, 16)
+    self.poll(successor, 2)
+    self.assertEqual(successor.value, 20)
 
 
 if __name__ == '__main__':
