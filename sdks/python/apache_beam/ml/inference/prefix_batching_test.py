@@ -24,7 +24,6 @@ import enum
 import unittest
 
 import numpy as np
-
 from parameterized import param
 from parameterized import parameterized
 
