@@ -80,9 +80,13 @@ def _problems(project: Project, series: series_model.Series) -> list[str]:
     problems.append(str(e))
   now = state.tree_state(project, series)
   if now.local_work:
+    in_progress = git.operation_in_progress(project.tree)
+    then = (
+        f'finish or abort the {in_progress} in progress, then run `beampq '
+        'refresh`' if in_progress else 'run `beampq refresh`')
     problems.append(
         f'{project.rel(project.tree)} has work that is not in patches/ '
-        f'({"; ".join(now.local_work)}): run `beampq refresh`')
+        f'({"; ".join(now.local_work)}): {then}')
   return problems
 
 

@@ -24,9 +24,11 @@ import pytest
 
 from beampq import Error
 from beampq import check
+from beampq import git
 from beampq import testing
 from beampq.project import Project
 from beampq.testing import commit_in_tree
+from beampq.testing import tree_git
 
 FIRST = '0001-Python-Change-line-5.patch'
 
@@ -63,6 +65,18 @@ def test_check_fails_on_local_work(project):
   commit_in_tree(project, 'More', {'sdks/python/apache_beam/util.py': 'x\n'})
   with pytest.raises(Error, match='check found 1 problem$'):
     check.check(project)
+
+
+def test_check_during_a_rebase_says_to_finish_it_first(project, capsys):
+  # refresh refuses while a rebase is stopped: check's advice says so.
+  commit_in_tree(project, 'More', {'sdks/python/apache_beam/util.py': 'x\n'})
+  tree_git(project, 'checkout', '-q', '-b', 'other', 'HEAD~1')
+  commit_in_tree(project, 'Other', {'sdks/python/apache_beam/util.py': 'y\n'})
+  assert git.attempt('rebase', 'main', cwd=project.tree).returncode != 0
+  with pytest.raises(Error):
+    check.check(project)
+  assert 'finish or abort the rebase in progress, then run `beampq refresh`' in (
+      capsys.readouterr().err)
 
 
 def test_check_fails_on_a_bad_changes_entry(project):

@@ -259,7 +259,7 @@ def side_work(repo: Path, own_tags: tuple[str, ...] = ()) -> list[str]:
   found = []
   stashes = output('stash', 'list', cwd=repo).splitlines()
   if stashes:
-    found.append(f'{len(stashes)} stashes')
+    found.append('1 stash' if len(stashes) == 1 else f'{len(stashes)} stashes')
   current = output('branch', '--show-current', cwd=repo)
   branches = [
       b for b in output(

@@ -197,10 +197,10 @@ def write_patches(
 
 
 def refresh(project: Project, force: bool = False):
-  """Writes patches/, sdks/ and the series from build/beam's commits, made
-  the user's: every commit gets git's identity as its author (keeping its
-  date), so the patches carry the name of whoever refreshed them. Refuses,
-  unless force, when patches/ or sdks/ changed since the tree was built or
+  """Writes patches/, sdks/ and the series from build/beam's commits, each
+  patch with its commit's author and date, as `git commit --amend` keeps
+  them: a patch nobody changed is written as it was. Refuses, unless
+  force, when patches/ or sdks/ changed since the tree was built or
   refreshed: it would overwrite those changes."""
   tree = project.tree
   now = state.tree_state(project)
@@ -215,22 +215,21 @@ def refresh(project: Project, force: bool = False):
         'finish or abort it first')
   dirty = state.patch_changes(git.dirty_paths(tree))
   if dirty:
+    more = ', ...' if len(dirty) > 1 else ''
     raise Error(
         f'{project.rel(tree)} has uncommitted changes '
-        f'({dirty[0].strip()}, ...): commit them first')
+        f'({dirty[0].strip()}{more}): commit them first')
   previous = project.read_series()
   if not force and now.stamp.get('digest') != state.inputs_digest(project,
                                                                   previous):
+    keep = (
+        state.carry_over_hint(project, now.stamp)
+        if now.local_work else 'rebuild the tree from them (`beampq tree`)')
     raise Error(
         'patches/ or sdks/ changed since '
         f'{project.rel(tree)} was built or refreshed (edited, or pulled): '
-        'refreshing would overwrite them. Rebuild the tree from them '
-        '(`beampq tree`), or pass --force to overwrite them')
-  author = git.identity('AUTHOR', project.root)
-  rewritten = git.set_author(
-      tree, now.base_commit, author, git.identity('COMMITTER', project.root))
-  if rewritten:
-    print(f'beampq: {rewritten} commits now have the author {author}')
+        f'refreshing would undo those changes. To keep them, {keep}; '
+        '--force overwrites them with the tree\'s queue')
   with tempfile.TemporaryDirectory(dir=project.build) as scratch:
     out = Path(scratch)
     series = write_patches(

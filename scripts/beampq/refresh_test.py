@@ -55,7 +55,10 @@ def test_refresh_writes_patches_series_and_new_files(project):
           'sdks/python/apache_beam/new_mod.py').read_text() == 'NEW = 1\n'
 
 
-def test_refresh_makes_the_refresher_the_author(project):
+def test_refresh_keeps_each_commits_author(project, monkeypatch):
+  # As `git commit --amend` does: a new commit's patch is its author's, and
+  # a refresh by someone else leaves the other patches as they were.
+  before = {p.name: p.read_text() for p in project.patches.glob('*.patch')}
   dated = '2025-03-04T05:06:07+00:00'
   commit_in_tree(
       project,
@@ -71,12 +74,28 @@ def test_refresh_makes_the_refresher_the_author(project):
           'GIT_AUTHOR_EMAIL': 'else@example.com',
           'GIT_AUTHOR_DATE': dated
       })
+  monkeypatch.setenv('GIT_AUTHOR_NAME', 'Ada Contributor')
+  monkeypatch.setenv('GIT_AUTHOR_EMAIL', 'ada@example.org')
   refresh.refresh(project)
   third = (project.patches / '0003-Python-Change-line-9.patch').read_text()
-  assert 'From: Test Author <author@example.com>' in third
+  assert 'From: Someone Else <else@example.com>' in third
   assert 'Date: Tue, 4 Mar 2025 05:06:07 +0000' in third
-  assert tree_git(project, 'log', '-1', '--format=%an') == 'Test Author'
+  for name, text in before.items():
+    assert (project.patches / name).read_text() == text, name
   check.check(project)
+
+
+def test_refresh_after_a_pull_says_how_to_keep_both(project):
+  # A commit in build/beam, then patches/ changed under it (a pull): a
+  # refresh would undo the pull, and the message says how to keep both.
+  commit_in_tree(project, 'Mine', {'sdks/python/apache_beam/util.py': 'x\n'})
+  patch = project.patches / '0001-Python-Change-line-5.patch'
+  patch.write_text(patch.read_text() + '\n')
+  with pytest.raises(Error,
+                     match=r'undo those changes\. To keep them, to carry its '
+                     r'commits over a rebuild, run `git -C .* format-patch '
+                     r'-k'):
+    refresh.refresh(project)
 
 
 def test_refresh_keeps_each_patch_in_its_pull_request(project):

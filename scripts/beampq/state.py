@@ -98,6 +98,18 @@ class TreeState:
     return self.stamp['base']
 
 
+def carry_over_hint(project: Project, stamp: dict[str, str]) -> str:
+  """How to keep the commits made in build/beam over a rebuild: export
+  them, rebuild, and apply them back."""
+  tree = project.rel(project.tree)
+  carried = project.build / 'carried'
+  return (
+      f'to carry its commits over a rebuild, run `git -C {tree} '
+      f'format-patch -k -o {carried} {stamp["head"][:12]}..`, `beampq tree '
+      f'--force` and `git -C {tree} am -k {carried}/*.patch`, then `beampq '
+      'refresh`')
+
+
 def patch_changes(status_lines: list[str]) -> list[str]:
   """The `git status --porcelain` lines that a patch could hold: changes to
   tracked files, and untracked files under sdks/, where patches add theirs.

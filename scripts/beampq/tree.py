@@ -165,15 +165,25 @@ def update(
         f'({"; ".join(now.local_work)})')
     return tree
   if now.local_work and not force:
-    in_progress = git.operation_in_progress(tree)
-    keep = (
-        f'finish or abort the {in_progress} in progress, then run `beampq '
-        'refresh`' if in_progress else
-        'run `beampq refresh` (after committing any uncommitted changes)')
-    raise Error(
+    assert now.stamp is not None
+    work = (
         f'{project.rel(tree)} has work that is not in patches/ '
-        f'({"; ".join(now.local_work)}): {keep} to keep it, or run '
-        '`beampq tree --force` to discard it')
+        f'({"; ".join(now.local_work)})')
+    in_progress = git.operation_in_progress(tree)
+    if in_progress:
+      keep = (
+          f'finish or abort the {in_progress} in progress, then run `beampq '
+          'refresh` to keep it')
+    elif now.stamp.get('digest') != state.inputs_digest(project,
+                                                        project.read_series()):
+      # patches/ changed too (a pull): a refresh would undo that change.
+      work += ', and patches/ or sdks/ changed since it was built'
+      keep = state.carry_over_hint(project, now.stamp)
+    else:
+      keep = (
+          'run `beampq refresh` (after committing any uncommitted changes) '
+          'to keep it')
+    raise Error(f'{work}: {keep}; or run `beampq tree --force` to discard it')
   if now.stamp is None and tree.exists() and not force:
     raise Error(
         f'{project.rel(tree)} was not built by beampq (it has no '

@@ -19,7 +19,9 @@
 keeping it current, and never discarding local work."""
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -77,7 +79,8 @@ def test_tree_commits_are_the_users_and_dated_as_what_they_hold(project):
 
 def test_the_projects_identity_commits(project, tmp_path, monkeypatch):
   # The user set their identity in their clone of the patch set only, and
-  # runs beampq from elsewhere: tree, refresh and export commit as them.
+  # runs beampq from elsewhere: tree commits as them, keeping each patch's
+  # author, and export makes them the author.
   commit_in_tree(
       project,
       '[Python] Change line 9',
@@ -89,13 +92,12 @@ def test_the_projects_identity_commits(project, tmp_path, monkeypatch):
   git.run('config', 'user.email', 'ada@example.org', cwd=project.root)
   monkeypatch.chdir(tmp_path)
   refresh.refresh(project)
-  assert tree_git(
-      project, 'log', '--format=%an <%ae>|%cn',
-      f'{tree.BASE_TAG}..').splitlines() == ['Ada <ada@example.org>|Ada'] * 3
   tree.build(project, tmp_path / 'beam', quiet=True)
-  assert set(
-      git.output('log', '--format=%an|%cn',
-                 cwd=tmp_path / 'beam').splitlines()) == {'Ada|Ada'}
+  assert git.output(
+      'log', '--format=%an|%cn', f'{tree.BASE_TAG}..',
+      cwd=tmp_path / 'beam').splitlines() == [
+          'Someone Else|Ada', 'Test Author|Ada', 'Test Author|Ada'
+      ]
   upstream.export(project, tmp_path / 'out')
   for patch in (tmp_path / 'out').rglob('*.patch'):
     assert 'From: Ada <ada@example.org>' in patch.read_text()
@@ -131,6 +133,34 @@ def test_tree_keeps_local_work(project):
       project, 'log', '-1', '--format=%s') == '[Python] Add a module'
 
 
+def test_the_carry_over_recipe_keeps_work_over_a_pull(project, tmp_path):
+  # Work committed in build/beam, then patches/ changed (a pull): tree
+  # refuses with a recipe, and following it keeps both.
+  commit_in_tree(
+      project, '[Python] Mine', {'sdks/python/apache_beam/other.py': 'M\n'})
+  patch = project.patches / FIRST
+  patch.write_text(patch.read_text().replace('Because', 'As pulled, because'))
+  with pytest.raises(Error, match='changed since it was built') as refused:
+    tree.update(project)
+  commands = re.findall(r'`(git [^`]*|beampq [^`]*)`', str(refused.value))[:4]
+  assert [c.split()[0] for c in commands] == ['git', 'beampq', 'git', 'beampq']
+  for command in commands:
+    words = command.replace('*.patch', '').split()
+    if words[0] == 'git':
+      if words[-1].endswith('/'):
+        words[-1:] = sorted(str(p) for p in Path(words[-1]).glob('*.patch'))
+      git.run(*words[1:], cwd=project.root)
+    elif words[1] == 'tree':
+      tree.update(project, force=True)
+    else:
+      refresh.refresh(project)
+  assert (project.root /
+          'sdks/python/apache_beam/other.py').read_text() == 'M\n'
+  assert 'As pulled, because' in (project.patches / FIRST).read_text()
+  assert tree_git(project, 'log', '-1', '--format=%s') == '[Python] Mine'
+  check.check(project)
+
+
 def test_tree_keeps_stashes_and_branches(project):
   # Neither moves HEAD nor dirties the tree, but a rebuild would lose them.
   (project.tree / 'sdks/python/apache_beam/new_mod.py').write_text('W = 1\n')
@@ -138,7 +168,7 @@ def test_tree_keeps_stashes_and_branches(project):
   tree_git(project, 'branch', 'wip')
   patch = project.patches / FIRST
   patch.write_text(patch.read_text() + '\n')
-  with pytest.raises(Error, match='has 1 stashes and branches wip'):
+  with pytest.raises(Error, match='has 1 stash and branches wip'):
     tree.update(project)
   assert tree_git(project, 'stash', 'list')
   tree.update(project, force=True)

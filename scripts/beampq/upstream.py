@@ -95,9 +95,11 @@ def _verify_checkout(project: Project, checkout: Path):
     raise Error(f'a {in_progress} is in progress in {checkout}')
   dirty = git.dirty_paths(checkout, isolated=False)
   if dirty:
+    more = ', ...' if len(dirty) > 1 else ''
     raise Error(
-        f'{checkout} has uncommitted changes ({dirty[0].strip()}, '
-        '...): commit or stash them first')
+        f'{checkout} has uncommitted changes ({dirty[0].strip()}{more}): '
+        'commit them, or stash them (`git stash -u` for untracked files) '
+        'first')
 
 
 def apply(project: Project, checkout: Path):
