@@ -130,9 +130,21 @@ def identity(role: str = 'AUTHOR', cwd: Optional[Path] = None) -> Identity:
 
 
 def dirty_paths(repo: Path, isolated: bool = True) -> list[str]:
-  """`git status --porcelain` lines: uncommitted and untracked changes."""
-  return output(
-      'status', '--porcelain', cwd=repo, isolated=isolated).splitlines()
+  """Uncommitted and untracked changes, as `git status --porcelain` entries
+  ("XY path"), read with -z so that each path is as on disk: unquoted,
+  also with spaces or non-ASCII characters."""
+  fields = iter(
+      run('status', '--porcelain', '-z', cwd=repo,
+          isolated=isolated).stdout.split('\0'))
+  entries = []
+  for field in fields:
+    if not field:
+      continue
+    entries.append(field)
+    if field[0] in 'RC':
+      # The path it was renamed or copied from follows.
+      next(fields, None)
+  return entries
 
 
 def operation_in_progress(repo: Path) -> Optional[str]:

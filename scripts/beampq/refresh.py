@@ -17,8 +17,7 @@
 
 """Refresh: the commits of build/beam back to patches/, sdks/ and the
 series, after editing them there (commit, amend, rebase -i). Each patch
-keeps the upstream pull request it belonged to; whoever refreshes becomes
-the author of the patches.
+keeps the upstream pull request it belonged to, and its commit's author.
 """
 
 import shutil

@@ -99,15 +99,28 @@ class TreeState:
 
 
 def carry_over_hint(project: Project, stamp: dict[str, str]) -> str:
-  """How to keep the commits made in build/beam over a rebuild: export
-  them, rebuild, and apply them back."""
-  tree = project.rel(project.tree)
-  carried = project.build / 'carried'
+  """How to keep build/beam's local work over a rebuild, when patches/
+  changed under it (a pull) and a refresh would undo that change."""
+  tree = project.tree
+  if patch_changes(git.dirty_paths(tree)):
+    return (
+        'commit your changes in it first, then run `python3 -m beampq tree` '
+        'again for how to carry them over')
+  built = stamp['head']
+  head = git.output('rev-parse', 'HEAD', cwd=tree)
+  if git.attempt('merge-base', '--is-ancestor', built, head,
+                 cwd=tree).returncode != 0:
+    return (
+        'its commits rewrite patches (an amend or a rebase) that changed '
+        'under them, so they cannot be replayed: save `git -C '
+        f'{tree} diff {built[:12]} {head[:12]}`, run `python3 -m beampq '
+        'tree --force`, and merge the diff into the rebuilt commits by hand')
+  carried = project.build / f'carried-{built[:12]}-{head[:12]}'
   return (
       f'to carry its commits over a rebuild, run `git -C {tree} '
-      f'format-patch -k -o {carried} {stamp["head"][:12]}..`, `beampq tree '
-      f'--force` and `git -C {tree} am -k {carried}/*.patch`, then `beampq '
-      'refresh`')
+      f'format-patch -k -o {carried} {built[:12]}..{head[:12]}`, `python3 -m '
+      f'beampq tree --force` and `git -C {tree} am -k {carried}/*.patch`, '
+      'then `python3 -m beampq refresh`')
 
 
 def patch_changes(status_lines: list[str]) -> list[str]:
@@ -116,7 +129,7 @@ def patch_changes(status_lines: list[str]) -> list[str]:
   """
   return [
       line for line in status_lines
-      if not line.startswith('?? ') or line[3:].lstrip('"').startswith('sdks/')
+      if not line.startswith('?? ') or line[3:].startswith('sdks/')
   ]
 
 

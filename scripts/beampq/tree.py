@@ -200,7 +200,7 @@ def update(
   scratch = Path(tempfile.mkdtemp(prefix='.beam-', dir=project.build))
   try:
     build(project, scratch / 'beam')
-    _carry_over(now.other_files, tree, scratch / 'beam')
+    _carry_over(now.other_files, tree, scratch / 'beam', force)
     if tree.exists():
       tree.rename(scratch / 'old')
     (scratch / 'beam').rename(tree)
@@ -210,13 +210,19 @@ def update(
   return tree
 
 
-def _carry_over(paths: list[str], old: Path, new: Path):
+def _carry_over(paths: list[str], old: Path, new: Path, force: bool):
   """Moves the untracked files and folders outside sdks/ (an editor's
-  settings) from the old tree into the new one, where it has none."""
+  settings) from the old tree into the new one. Raises, unless force, when
+  the new tree has one of them already: the old tree is then kept."""
+  taken = [path for path in paths if os.path.lexists(new / path)]
+  if taken and not force:
+    raise Error(
+        f'the rebuilt tree has files of its own where {old} has untracked '
+        f'ones ({", ".join(taken)}): move them elsewhere, or run `beampq '
+        'tree --force` to discard them')
   for path in paths:
     source, target = old / path, new / path
-    if not source.exists() or target.exists() or target.is_symlink():
-      print(f'beampq: not keeping {path} in the rebuilt tree')
+    if path in taken or not os.path.lexists(source):
       continue
     target.parent.mkdir(parents=True, exist_ok=True)
     source.rename(target)

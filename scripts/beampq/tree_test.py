@@ -133,32 +133,67 @@ def test_tree_keeps_local_work(project):
       project, 'log', '-1', '--format=%s') == '[Python] Add a module'
 
 
-def test_the_carry_over_recipe_keeps_work_over_a_pull(project, tmp_path):
-  # Work committed in build/beam, then patches/ changed (a pull): tree
-  # refuses with a recipe, and following it keeps both.
-  commit_in_tree(
-      project, '[Python] Mine', {'sdks/python/apache_beam/other.py': 'M\n'})
+def _pull(project, tag='pulled'):
+  """Changes a patch's message, as a pull of the patch set would."""
   patch = project.patches / FIRST
-  patch.write_text(patch.read_text().replace('Because', 'As pulled, because'))
-  with pytest.raises(Error, match='changed since it was built') as refused:
+  patch.write_text(
+      patch.read_text().replace('line 5 was wrong', f'line 5 was wrong, {tag}'))
+
+
+def _recipe(refused):
+  """The commands of tree's carry-over recipe, as a user would run them."""
+  return re.findall(r'`((?:git|python3 -m beampq) [^`]*)`',
+                    str(refused.value))[:4]
+
+
+def test_the_carry_over_recipe_keeps_work_over_a_pull(project):
+  # Work committed in build/beam, then patches/ changed (a pull): tree
+  # refuses with a recipe, and following it twice keeps every commit and
+  # the pulled change.
+  for name in ('mine', 'more'):
+    commit_in_tree(
+        project,
+        f'[Python] {name}', {f'sdks/python/apache_beam/{name}.py': 'M\n'})
+    _pull(project, name)
+    with pytest.raises(Error, match='changed since it was built') as refused:
+      tree.update(project)
+    commands = _recipe(refused)
+    assert [c.split()[0]
+            for c in commands] == ['git', 'python3', 'git', 'python3']
+    for command in commands:
+      words = command.split()
+      if words[0] == 'git':
+        if words[-1].endswith('*.patch'):
+          words[-1:] = sorted(
+              str(p) for p in Path(words[-1]).parent.glob('*.patch'))
+        git.run(*words[1:], cwd=project.root)
+      elif words[3] == 'tree':
+        tree.update(project, force=True)
+      else:
+        refresh.refresh(project)
+    assert (project.root /
+            f'sdks/python/apache_beam/{name}.py').read_text() == 'M\n'
+    assert f', {name}' in (project.patches / FIRST).read_text()
+    assert tree_git(project, 'log', '-1', '--format=%s') == f'[Python] {name}'
+    check.check(project)
+
+
+def test_the_recipe_asks_to_commit_uncommitted_work_first(project):
+  (project.tree / 'sdks/python/apache_beam/util.py').write_text('mine\n')
+  _pull(project)
+  with pytest.raises(Error, match='commit your changes in it first'):
     tree.update(project)
-  commands = re.findall(r'`(git [^`]*|beampq [^`]*)`', str(refused.value))[:4]
-  assert [c.split()[0] for c in commands] == ['git', 'beampq', 'git', 'beampq']
-  for command in commands:
-    words = command.replace('*.patch', '').split()
-    if words[0] == 'git':
-      if words[-1].endswith('/'):
-        words[-1:] = sorted(str(p) for p in Path(words[-1]).glob('*.patch'))
-      git.run(*words[1:], cwd=project.root)
-    elif words[1] == 'tree':
-      tree.update(project, force=True)
-    else:
-      refresh.refresh(project)
-  assert (project.root /
-          'sdks/python/apache_beam/other.py').read_text() == 'M\n'
-  assert 'As pulled, because' in (project.patches / FIRST).read_text()
-  assert tree_git(project, 'log', '-1', '--format=%s') == '[Python] Mine'
-  check.check(project)
+  assert (project.tree /
+          'sdks/python/apache_beam/util.py').read_text() == 'mine\n'
+
+
+def test_rewritten_commits_get_no_recipe_that_would_fail(project):
+  # An amended patch commit cannot be replayed on the rebuilt queue.
+  (project.tree / 'sdks/python/apache_beam/new_mod.py').write_text('A = 2\n')
+  tree_git(project, 'commit', '-qa', '--amend', '--no-edit')
+  _pull(project)
+  with pytest.raises(Error, match='cannot be replayed: save `git -C '):
+    tree.update(project)
 
 
 def test_tree_keeps_stashes_and_branches(project):
@@ -178,15 +213,33 @@ def test_tree_keeps_stashes_and_branches(project):
 def test_tree_carries_untracked_files_outside_sdks_over(project):
   # An editor's settings are no patch's: they neither count as local work
   # nor are lost when patches/ changes and the tree is rebuilt.
+  # Names git quotes (spaces, non-ASCII) and a dangling link too.
   (project.tree / '.vscode').mkdir()
   (project.tree / '.vscode/settings.json').write_text('{}\n')
+  (project.tree / 'my notes.txt').write_text('notes\n')
+  (project.tree / 'caf\u00e9.md').write_text('menu\n')
+  (project.tree / 'gone').symlink_to('nowhere')
   assert state.tree_state(project).current
   check.check(project)
   patch = project.patches / FIRST
   patch.write_text(patch.read_text() + '\n')
   tree.update(project)
   assert (project.tree / '.vscode/settings.json').read_text() == '{}\n'
+  assert (project.tree / 'my notes.txt').read_text() == 'notes\n'
+  assert (project.tree / 'caf\u00e9.md').read_text() == 'menu\n'
+  assert (project.tree / 'gone').is_symlink()
   assert state.tree_state(project).current
+
+
+def test_an_untracked_file_the_rebuilt_tree_has_is_not_overwritten(tmp_path):
+  old, new = tmp_path / 'old', tmp_path / 'new'
+  for folder, text in ((old, 'mine\n'), (new, 'tracked\n')):
+    folder.mkdir()
+    (folder / 'x.txt').write_text(text)
+  with pytest.raises(Error, match=r'has files of its own .*\(x\.txt\)'):
+    tree._carry_over(['x.txt'], old, new, force=False)
+  tree._carry_over(['x.txt'], old, new, force=True)
+  assert (new / 'x.txt').read_text() == 'tracked\n'
 
 
 def test_tree_keeps_commits_only_a_tag_holds(project):
