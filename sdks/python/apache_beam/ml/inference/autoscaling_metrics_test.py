@@ -2186,8 +2186,7 @@ class PublisherTest(unittest.TestCase):
 
   def test_a_successor_measures_its_server_afresh(self):
     # The restarted server's queue is saturation only after a span of its
-    # own scrapes, as a new server's is: neither the old server's scrapes
-    # nor the interval between the two servers count toward it.
+    # own scrapes, as a new server's is: the span starts again with it.
     publisher = self.publisher()
     self.saturate(publisher)
     # Past the window of the old server's samples, within the hold.

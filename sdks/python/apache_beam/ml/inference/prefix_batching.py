@@ -120,7 +120,9 @@ class _PrefixKeyFn:
     self._window = prefix_char_len + longest - 1
 
   def _cut(self, text: str) -> str:
-    head = text[:self._window]
+    # str's own slice: a str subclass's could give a key of its type, which
+    # has no deterministic encoding of its own.
+    head = str.__getitem__(text, slice(self._window))
     # Delimiters that open the text end no shared part: the key runs to the
     # first delimiter after them, so that it is never empty, nor only
     # delimiters that unrelated texts open with too.

@@ -147,6 +147,22 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
     with self.assertRaisesRegex(TypeError, r'got 2\.5\.$'):
       PromptPrefixKeyFn(2.5)
 
+  def test_a_str_subclass_keys_as_plain_text(self):
+    class Sliced(str):
+      def __getitem__(self, index):
+        return Sliced(super().__getitem__(index))
+
+    prompt = Sliced('Be brief.\n\nWhat is Beam?')
+    keys = [
+        (PromptPrefixKeyFn()(prompt), 'Be brief.'),
+        (
+            ChatPrefixKeyFn()([dict(role='system', content=prompt)])[1],
+            'Be brief.\n\nWhat is Beam?'),
+    ]
+    for key, expected in keys:
+      self.assertEqual(key, expected)
+      self.assertIs(type(key), str)
+
   def test_a_numpy_length_counts_as_its_int(self):
     key_fn = PromptPrefixKeyFn(prefix_char_len=np.int64(4))
     self.assertIs(type(key_fn.prefix_char_len), int)
