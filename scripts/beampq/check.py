@@ -109,8 +109,10 @@ def _round_trip(project: Project, series: series_model.Series) -> list[str]:
       ours = project.patches / patch.name
       if ours.is_file() and ours.read_bytes() != made:
         problems.append(
-            f'patches/{patch.name} is stale: run `beampq tree` '
-            'and `beampq refresh`')
+            f'patches/{patch.name} is stale: a tree built from patches/ '
+            'and sdks/ writes it back otherwise (after a hand edit of '
+            'either, even of a file an earlier patch adds): run `beampq '
+            'tree` and `beampq refresh`')
     return problems
 
 

@@ -102,12 +102,18 @@ def as_added(project: Project, series: series_model.Series) -> dict[str, bytes]:
       if not changed:
         continue
       options = ('-R', *(f'--include={p}' for p in changed))
-      git.verify_applies_exactly(
-          work,
-          path,
-          f'patches/{path.name}, undone from {", ".join(changed)} (sdks/ '
-          'holds each new file as the last patch that changes it leaves it),',
-          options)
+      try:
+        git.verify_applies_exactly(
+            work,
+            path,
+            f'patches/{path.name}, undone from {", ".join(changed)} (sdks/ '
+            'holds each new file as the last patch that changes it leaves '
+            'it),',
+            options)
+      except Error as e:
+        raise Error(
+            f'{e}. If sdks/ was edited by hand, undo that (`git checkout '
+            '-- sdks/`) and make the edit in build/beam, then refresh') from e
       git.run('apply', *options, str(path), cwd=work)
     for new_file in {p for _, changed in changes_to_new for p in changed}:
       content[new_file] = (work / new_file).read_bytes()

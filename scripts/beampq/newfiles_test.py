@@ -134,7 +134,9 @@ def test_a_hand_edited_new_file_must_agree_with_the_later_patches(
   assert str(raised.value) == (
       f'patches/{CHANGE_MOD_AGAIN}, undone from {MODULE_PATH} (sdks/ holds '
       'each new file as the last patch that changes it leaves it), does not '
-      f'apply: {MODULE_PATH} (hunk at line 1)')
+      f'apply: {MODULE_PATH} (hunk at line 1). If sdks/ was edited by hand, '
+      'undo that (`git checkout -- sdks/`) and make the edit in build/beam, '
+      'then refresh')
   with pytest.raises(Error, match=f'{CHANGE_MOD_AGAIN}, undone from'):
     tree.update(project, force=True)
   # Lines moved under a later patch's hunk: refused, as an offset is.
