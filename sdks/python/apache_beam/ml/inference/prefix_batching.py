@@ -161,13 +161,14 @@ class PromptPrefixKeyFn(_PrefixKeyFn):
     prefix_char_len: the longest key, in characters. Defaults to
       DEFAULT_PREFIX_CHAR_LEN.
     delimiters: strings that end the shared part of a prompt. Defaults to
-      ``('\\n\\n',)``, a blank line (``'\\r\\n\\r\\n'`` is another
-      delimiter); ``()`` keys by length alone. Delimiters at the very start
-      of a prompt are skipped: the key runs to the first delimiter after
-      them. A template whose fixed header ends in a blank line gives every
-      prompt one key: Llama 3's chat template puts one after its first role
-      header, so prompts rendered with it need the end of the shared part
-      instead, such as ``('<|eot_id|>',)``, which ends its system turn.
+      ``('\\n\\n',)``, a blank line (prompts with Windows line ends need
+      ``'\\r\\n\\r\\n'``); ``()`` keys by length alone. Delimiters at
+      the very start of a prompt are skipped: the key runs to the first
+      delimiter after them. A template whose fixed header ends in a blank
+      line gives every prompt one key: Llama 3's chat template puts one
+      after its first role header, so prompts rendered with it need the end
+      of the shared part instead, such as ``('<|eot_id|>',)``, which ends
+      its system turn.
   """
   DEFAULT_DELIMITERS = ('\n\n', )
 
