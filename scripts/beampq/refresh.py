@@ -212,17 +212,16 @@ def refresh(project: Project, force: bool = False):
     raise Error(
         f'a {in_progress} is in progress in {project.rel(tree)}; '
         'finish or abort it first')
-  dirty = state.patch_changes(git.dirty_paths(tree))
+  dirty = now.uncommitted
   if dirty:
     more = ', ...' if len(dirty) > 1 else ''
     raise Error(
         f'{project.rel(tree)} has uncommitted changes '
         f'({dirty[0].strip()}{more}): commit them first')
   previous = project.read_series()
-  if not force and now.stamp.get('digest') != state.inputs_digest(project,
-                                                                  previous):
+  if not force and now.inputs_changed:
     keep = (
-        state.carry_over_hint(project, now.stamp)
+        state.carry_over_hint(project, now)
         if now.local_work else 'rebuild the tree from them (`beampq tree`)')
     raise Error(
         'patches/ or sdks/ changed since '

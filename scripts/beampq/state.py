@@ -91,6 +91,10 @@ class TreeState:
   # Untracked files no patch can hold (an editor's settings): a refresh
   # leaves them, a rebuild would discard them.
   other_files: list[str] = dataclasses.field(default_factory=list)
+  # The uncommitted changes a patch could hold (see `patch_changes`).
+  uncommitted: list[str] = dataclasses.field(default_factory=list)
+  # Whether patches/ or sdks/ changed since the build or refresh.
+  inputs_changed: bool = False
 
   @property
   def base_commit(self) -> str:
@@ -98,15 +102,16 @@ class TreeState:
     return self.stamp['base']
 
 
-def carry_over_hint(project: Project, stamp: dict[str, str]) -> str:
+def carry_over_hint(project: Project, now: TreeState) -> str:
   """How to keep build/beam's local work over a rebuild, when patches/
   changed under it (a pull) and a refresh would undo that change."""
   tree = project.tree
-  if patch_changes(git.dirty_paths(tree)):
+  assert now.stamp is not None
+  if now.uncommitted:
     return (
         'commit your changes in it first, then run `python3 -m beampq tree` '
         'again for how to carry them over')
-  built = stamp['head']
+  built = now.stamp['head']
   head = git.output('rev-parse', 'HEAD', cwd=tree)
   if git.attempt('merge-base', '--is-ancestor', built, head,
                  cwd=tree).returncode != 0:
@@ -151,9 +156,12 @@ def tree_state(
     changes = 'change' if len(dirty) == 1 else 'changes'
     local_work.append(
         f'{len(dirty)} uncommitted {changes} ({dirty[0].strip()})')
-  digest = inputs_digest(project, series or project.read_series())
+  inputs_changed = stamp.get('digest') != inputs_digest(
+      project, series or project.read_series())
   return TreeState(
       stamp,
       local_work,
-      stamp.get('digest') == digest and not local_work,
-      [line[3:] for line in status if line not in dirty])
+      not inputs_changed and not local_work,
+      [line[3:] for line in status if line not in dirty],
+      dirty,
+      inputs_changed)

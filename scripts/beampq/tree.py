@@ -174,11 +174,10 @@ def update(
       keep = (
           f'finish or abort the {in_progress} in progress, then run `beampq '
           'refresh` to keep it')
-    elif now.stamp.get('digest') != state.inputs_digest(project,
-                                                        project.read_series()):
+    elif now.inputs_changed:
       # patches/ changed too (a pull): a refresh would undo that change.
       work += ', and patches/ or sdks/ changed since it was built'
-      keep = state.carry_over_hint(project, now.stamp)
+      keep = state.carry_over_hint(project, now)
     else:
       keep = (
           'run `beampq refresh` (after committing any uncommitted changes) '
