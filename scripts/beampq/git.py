@@ -164,6 +164,21 @@ def commits_since(repo: Path, since: str, until: str = 'HEAD') -> list[str]:
   return output('rev-list', '--reverse', f'{since}..{until}', cwd=repo).split()
 
 
+def commits_touching(repo: Path, since: str,
+                     path: str) -> list[tuple[str, str]]:
+  """The commits since..HEAD that change path, oldest first, each as its
+  short hash and subject."""
+  lines = output(
+      'log',
+      '--reverse',
+      '--format=%h %s',
+      f'{since}..HEAD',
+      '--',
+      path,
+      cwd=repo).splitlines()
+  return [tuple((line.split(' ', 1) + [''])[:2]) for line in lines]
+
+
 def set_author(
     repo: Path, since: str, author: Identity, committer: Identity) -> int:
   """Makes author the author of every commit since..HEAD (committed by

@@ -223,3 +223,15 @@ def test_operation_in_progress(tmp_path):
 def test_failures_raise_with_gits_message(tmp_path):
   with pytest.raises(Error, match='git rev-parse HEAD failed in .*: fatal'):
     git.run('rev-parse', 'HEAD', cwd=make_repo(tmp_path / 'repo'))
+
+
+def test_commits_touching_names_each_commit_of_a_path(tmp_path):
+  repo = make_repo(tmp_path / 'repo')
+  base = commit(repo, 'a', '1\n', 'base')
+  first = commit(repo, 'a', '2\n', 'one')
+  commit(repo, 'b', '1\n', 'two')
+  last = commit(repo, 'a', '3\n', 'three: a again')
+  found = git.commits_touching(repo, base, 'a')
+  assert [subject for _, subject in found] == ['one', 'three: a again']
+  assert first.startswith(found[0][0]) and last.startswith(found[1][0])
+  assert git.commits_touching(repo, base, 'c') == []

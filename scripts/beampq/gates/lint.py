@@ -30,6 +30,7 @@ from pathlib import Path
 
 from beampq import Error
 from beampq import git
+from beampq import tree as tree_module
 from beampq.gates import findings
 from beampq.gates.findings import Finding
 from beampq.gates.workspace import Workspace
@@ -212,5 +213,14 @@ def format_files(ws: Workspace) -> int:
   print(
       f'beampq: formatted {len(files)} files; {len(changed)} changed in '
       f'{ws.project.rel(ws.tree)}' +
-      (': commit them there and run `beampq refresh`' if changed else ''))
+      (': commit each change into the patch whose lines it changes (`git '
+       'commit --fixup=<commit>`, then `git rebase -i --autosquash '
+       f'{tree_module.BASE_TAG}`) and run `beampq refresh`' if changed else ''))
+  for entry in changed:
+    path = entry[3:]
+    owners = git.commits_touching(ws.tree, tree_module.BASE_TAG, path)
+    print(
+        f'beampq:   {path}: ' +
+        ('; '.join(f'{sha} {subject}'
+                   for sha, subject in owners) if owners else 'no patch yet'))
   return 0

@@ -18,6 +18,8 @@
 """Tests of beampq.gates.lint on a small project's tree, with the real ruff
 and yapf the harness env installs."""
 
+import re
+
 import pytest
 
 from beampq import Error
@@ -83,7 +85,14 @@ def test_format_fixes_the_touched_files_in_the_tree(project, capsys):
   assert lint.format_files(Workspace.open(project)) == 0
   assert (project.tree / 'sdks/python/apache_beam/new_mod.py').read_text() == (
       'import os\nimport sys\n\nNEW = (1)\n')
-  assert '1 changed in build/beam' in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert '1 changed in build/beam' in out
+  # It names the commit whose patch the change belongs in.
+  assert 'sdks/python/apache_beam/new_mod.py: ' in out
+  assert re.search(
+      r'new_mod\.py: [0-9a-f]{7,} \[Python\] Add a module; '
+      r'[0-9a-f]{7,} Ugly\n',
+      out), out
   assert testing.tree_git(
       project, 'status',
       '--porcelain') == ('M sdks/python/apache_beam/new_mod.py')
