@@ -533,7 +533,9 @@ class CapacityEstimator:
     """Notes that the scrapes now come from a new server process: no
     interval spans the restart."""
     self._last = None
-    self._recent.clear()
+    # The old server's scrapes stay in _recent until they expire, but no
+    # queue is judged until the new server has been scraped for a whole
+    # span, when they are out of it.
     self._first_scrape = math.inf
 
   def observe(self, now: float, scrape: ServerScrape) -> None:
