@@ -226,6 +226,7 @@ def v4_meta(quick, model) -> dict:
       },
       'required': [f'R{r}.D{d}' for r, d in v4.REQUIRED],
       'full_grid': [f'{d}.{w}' for d, w in v4.FULL_GRID],
+      'all_decodes_at': [f'R{r}' for r in v4.ALL_DECODES_AT],
       'quick_divisor': v4.QUICK_DIVISOR if quick else 1,
   }
 

@@ -48,6 +48,20 @@ DEPLOYMENT_TEXT = {
 NAMES = ('default', 'adaptive_v3', 'keyed_8', 'lpt', 'bound', 'stateless', 'aa')
 
 
+
+def _grid_sentence(meta) -> str:
+  """Which points the run has, as a sentence with a leading space; empty
+  for results that do not say."""
+  if 'required' not in meta or 'full_grid' not in meta:
+    return ''
+  return (
+      ' Points: every workload at '
+      f'{", ".join(meta.get("all_decodes_at", ["R4"]))} at every decode '
+      'length, and at the other required points '
+      f'({", ".join(meta["required"])}); every regime and decode length for '
+      f'{", ".join(meta["full_grid"])}; streaming_F2 at every decode length '
+      'wherever it runs.')
+
 def _meta(results):
   meta = results['meta']
   v = results.get('v4', {}).get('meta', {})
@@ -73,13 +87,16 @@ def _meta(results):
     lines += [
         '## Method (phase A)',
         '',
-        f'Evaluation seeds {v["eval_seeds"]} (they tuned nothing; '
-        f'AdaptiveNumShards\' defaults were tuned by bench/research.py on '
-        f'seeds {v["tuning_seeds"]} and workloads '
-        f'{", ".join(v["tuning_workloads"])} at benchmark v3\'s regime) x '
+        f'Evaluation seeds {v["eval_seeds"]} (no setting was tuned on '
+        'them: AdaptiveNumShards\' defaults were tuned by bench/research.py '
+        'at benchmark v3\'s regime and by bench/research_v4.py at this '
+        f'benchmark\'s, on seeds {v["tuning_seeds"]} and workloads '
+        f'{", ".join(v["tuning_workloads"])}; but earlier full runs on '
+        'these seeds chose which points to work on, so they are no clean '
+        'holdout) x '
         f'salts {v["salts"]} namespaced by seed: {v["placements"]} '
         f'placements per required point, {v["placements_off_goal"]} '
-        'elsewhere. Regime R = S / C with C = '
+        f'elsewhere.{_grid_sentence(v)} Regime R = S / C with C = '
         f'{v["cache_tokens"]} tokens per worker; requests arrive at '
         f'{v["rate_per_worker"]} per second per worker, buffering '
         f'{v["buffering_s"]} s, batches of 8. Streaming: '
@@ -95,9 +112,11 @@ def _meta(results):
         'every prefix that carries 99% of its traffic (R < 1), the same for '
         'every strategy; "all warm" is the share of seeds at which '
         'every worker of every strategy was warm by then too, by the same '
-        'test (at R >= 1 a keyed worker whose prefixes fit its cache never '
-        'evicts one C, so there it is 0 wherever routing works and says '
-        'nothing of how cold keyed strategies are). t0 is at most '
+        'test (a keyed worker holds only the prefixes routed to it: at R >= 1 '
+        'one whose prefixes fit its cache never evicts one C, and at R < 1 '
+        'none holds every prefix that carries 99% of the traffic, so the '
+        'share is 0 wherever routing works and says nothing of how cold '
+        'keyed strategies are). t0 is at most '
         f'{v["t0_cap_share"]} of the run, and a point whose t0 hit that cap '
         'says so (steady: no: some baseline worker, one a static hash gives '
         'little traffic, never turned its cache over). Only requests that '

@@ -219,6 +219,8 @@ def test_off_goal_points_use_fewer_seeds():
   assert len(v4.seeds_for('W1', '4', quick=False)) == 4
   assert len(v4.seeds_for('W1', '16', quick=False)) == 2
   assert v4.decodes_for('W2', '64', 'streaming_F3') == (64, )
+  # R0_25, where the default loses most, runs at every decode length.
+  assert v4.decodes_for('W2', '0_25', 'batch') == v4.DECODES
   assert v4.decodes_for('W1', '64', 'streaming_F3') == v4.DECODES
 
 
