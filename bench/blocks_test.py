@@ -168,3 +168,11 @@ def test_the_readme_why_block_states_the_losses_beside_the_goals():
       for p in blocks.v4_summary.points(section)
   })
   assert f'medians over {" to ".join(map(str, placements))} placements' in text
+
+
+def test_main_refuses_an_unknown_argument(capsys):
+  # A typo of --write must not run the check and pass silently.
+  with pytest.raises(SystemExit) as exit_info:
+    blocks.main(['--wrtie'])
+  assert exit_info.value.code == 2
+  assert '--wrtie' in capsys.readouterr().err

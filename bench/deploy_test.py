@@ -132,9 +132,12 @@ def test_the_bound_computes_each_prefix_once_per_fleet():
   shuffled = deploy.bound(requests, 0, 0, FREE, 2, 8, shuffles=2)
   work += 10 * 2 * FREE.shuffle_tokens
   assert shuffled['capacity']['10s'] == pytest.approx(10 / (work / 2))
-  # A prefix seen before t0 is not charged again.
-  late = deploy.bound(requests, 1, 0, FREE, 2, 8)
-  assert late['requests'] == 0 or late['capacity']['10s'] > 0
+  # A prefix computed before t0 is not charged again: scored from the
+  # second second on, the late requests pay for their own suffixes only.
+  again = [shared_request(10 + i, 1.5 + 0.1 * i, i % 2) for i in range(10)]
+  late = deploy.bound(requests + again, 1, 0, FREE, 2, 8, cell_us=SECOND)
+  assert late['requests'] == 10
+  assert late['capacity']['10s'] == pytest.approx(10 / (10 * BLOCK_TOKENS / 2))
 
 
 def test_the_bound_runs_the_engine_at_the_most_requests_in_flight():
