@@ -48,7 +48,6 @@ DEPLOYMENT_TEXT = {
 NAMES = ('default', 'adaptive_v3', 'keyed_8', 'lpt', 'bound', 'stateless', 'aa')
 
 
-
 def _grid_sentence(meta) -> str:
   """Which points the run has, as a sentence with a leading space; empty
   for results that do not say."""
@@ -61,6 +60,7 @@ def _grid_sentence(meta) -> str:
       f'({", ".join(meta["required"])}); every regime and decode length for '
       f'{", ".join(meta["full_grid"])}; streaming_F2 at every decode length '
       'wherever it runs.')
+
 
 def _meta(results):
   meta = results['meta']
@@ -112,11 +112,12 @@ def _meta(results):
         'every prefix that carries 99% of its traffic (R < 1), the same for '
         'every strategy; "all warm" is the share of seeds at which '
         'every worker of every strategy was warm by then too, by the same '
-        'test (a keyed worker holds only the prefixes routed to it: at R >= 1 '
-        'one whose prefixes fit its cache never evicts one C, and at R < 1 '
-        'none holds every prefix that carries 99% of the traffic, so the '
-        'share is 0 wherever routing works and says nothing of how cold '
-        'keyed strategies are). t0 is at most '
+        'test (in streaming a keyed worker holds only the prefixes routed to '
+        'it: at R >= 1 one whose prefixes fit its cache never evicts one C, '
+        'and at R < 1 none holds every prefix that carries 99% of the '
+        'traffic, so there the share is 0 wherever routing works and says '
+        'nothing of how cold keyed strategies are; batch scores the whole '
+        'job). t0 is at most '
         f'{v["t0_cap_share"]} of the run, and a point whose t0 hit that cap '
         'says so (steady: no: some baseline worker, one a static hash gives '
         'little traffic, never turned its cache over). Only requests that '

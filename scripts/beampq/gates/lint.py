@@ -212,15 +212,17 @@ def format_files(ws: Workspace) -> int:
   changed = git.dirty_paths(ws.tree)
   print(
       f'beampq: formatted {len(files)} files; {len(changed)} changed in '
-      f'{ws.project.rel(ws.tree)}' +
-      (': commit each change into the patch whose lines it changes (`git '
-       'commit --fixup=<commit>`, then `git rebase -i --autosquash '
-       f'{tree_module.BASE_TAG}`) and run `beampq refresh`' if changed else ''))
+      f'{ws.project.rel(ws.tree)}' + (
+          ': commit each change into the patch whose lines it changes (`git '
+          'commit --fixup=<commit>`, then `git rebase -i --autosquash '
+          f'{tree_module.BASE_TAG}`) and run `beampq refresh`'
+          if changed else ''))
   for entry in changed:
     path = entry[3:]
     owners = git.commits_touching(ws.tree, tree_module.BASE_TAG, path)
     print(
-        f'beampq:   {path}: ' +
-        ('; '.join(f'{sha} {subject}'
-                   for sha, subject in owners) if owners else 'no patch yet'))
+        f'beampq:   {path}: ' + (
+            '; '.join(
+                f'{sha} {subject}'
+                for sha, subject in owners) if owners else 'no patch yet'))
   return 0
