@@ -813,6 +813,11 @@ def _read_samples(text: str, prefixes: tuple) -> dict[str, list[float]]:
   return values
 
 
+# The lock of each estimator a publisher feeds.
+_ESTIMATOR_LOCKS: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()
+_ESTIMATOR_LOCKS_LOCK = threading.Lock()
+
+
 class PrometheusNumLoadedModelsPublisher:
   """Publishes how many batches an inference server can serve at once.
 
@@ -922,10 +927,17 @@ class PrometheusNumLoadedModelsPublisher:
     self._tag = tag
     self._names = metric_names
     self._config = config
-    if estimator is not None:
-      # What it measured is kept; the server it scrapes is new.
-      estimator.server_restarted()
     self._estimator = estimator or CapacityEstimator(config)
+    # Guards the estimator, which the client's threads tell their batches;
+    # shared with the publisher it took the estimator from, which a client
+    # thread may still be telling.
+    with _ESTIMATOR_LOCKS_LOCK:
+      self._lock = _ESTIMATOR_LOCKS.setdefault(
+          self._estimator, threading.Lock())
+    if estimator is not None:
+      with self._lock:
+        # What it measured is kept; the server it scrapes is new.
+        estimator.server_restarted()
     self._alive = alive
     self._clock = clock
     self._fetch = fetch or self._http_get
@@ -961,8 +973,6 @@ class PrometheusNumLoadedModelsPublisher:
     self._counter_values: dict[str, float] = {}
     # The server's count of finished requests at the last scrape.
     self._finished: Optional[float] = None
-    # Guards the estimator, which the client's threads tell their batches.
-    self._lock = threading.Lock()
     # The socket of the scrape in progress, which stop() may cut.
     self._socket: Optional[socket.socket] = None
     self._aborted = False

@@ -2184,6 +2184,27 @@ class PublisherTest(unittest.TestCase):
     self.poll(successor)
     self.assertEqual(successor.value, 16)
 
+  def test_a_successor_and_its_predecessor_guard_the_estimator_alike(self):
+    # A client thread may still tell the stopped publisher a batch: it waits
+    # for the successor's poll, which reads the same estimator.
+    publisher = self.publisher()
+    successor = self.publisher(estimator=publisher.estimator)
+    told = threading.Event()
+
+    def tell():
+      publisher.batch_started(8)
+      told.set()
+
+    client = threading.Thread(target=tell)
+    with successor._lock:
+      client.start()
+      self.assertFalse(told.wait(0.5))
+    client.join(60)
+    self.assertTrue(told.is_set())
+    self.assertEqual(successor.estimator.batches_in_flight, 1)
+    # A publisher of another estimator has a lock of its own.
+    self.assertIsNot(self.publisher()._lock, successor._lock)
+
   def test_a_successor_measures_its_server_afresh(self):
     # The restarted server's queue is saturation only after a span of its
     # own scrapes, as a new server's is: the span starts again with it.
