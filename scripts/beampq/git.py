@@ -112,16 +112,22 @@ def binary_output(*args: str, cwd: Path) -> bytes:
   return result.stdout
 
 
-def identity(role: str = 'AUTHOR', cwd: Optional[Path] = None) -> Identity:
+def identity(
+    role: str = 'AUTHOR',
+    cwd: Optional[Path] = None,
+    fallback: Optional[Identity] = None) -> Identity:
   """Who the user is to git, as role ('AUTHOR' or 'COMMITTER'), asked in cwd
   (default: the current directory): a repository's own config counts, so
-  callers pass the patch-set repository, not the trees the tool owns."""
+  callers pass the patch-set repository, not the trees the tool owns. When
+  git knows nobody: fallback if given, else an error."""
   result = attempt(
       'var', f'GIT_{role}_IDENT', cwd=cwd or Path.cwd(), isolated=False)
   line = result.stdout.strip()
   name, _, rest = line.partition(' <')
   email = rest.split('>', 1)[0]
   if result.returncode != 0 or not name or not email:
+    if fallback is not None:
+      return fallback
     raise Error(
         f'git does not know who you are in {cwd or Path.cwd()}: set '
         '`git config user.name` and `user.email` (in this clone, or with '

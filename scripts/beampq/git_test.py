@@ -106,6 +106,15 @@ def test_an_unknown_identity_is_a_clear_error(tmp_path, monkeypatch):
     git.identity(cwd=repo)
 
 
+def test_an_unknown_identity_gives_the_fallback(tmp_path, monkeypatch):
+  repo = forget_identity(tmp_path, monkeypatch)
+  tool = Identity('tool', 'tool@example.invalid')
+  assert git.identity('COMMITTER', cwd=repo, fallback=tool) == tool
+  set_identity(tmp_path, monkeypatch, repo, 'local')
+  ada = Identity('Ada', 'ada@example.org')
+  assert git.identity('COMMITTER', cwd=repo, fallback=tool) == ada
+
+
 def test_the_git_tests_pass_in_a_clone_with_its_own_identity(tmp_path):
   # As a user who set user.name and user.email in their clone only
   # (`git config` without --global): the tests above must not read it.

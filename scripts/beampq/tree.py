@@ -39,6 +39,9 @@ from beampq.project import Project
 
 # The tag of the base commit in every tree: `git rebase -i base`.
 BASE_TAG = 'base'
+# Who commits a tree where git knows nobody (a CI machine): building one
+# writes nothing in anyone's name, as refresh, export and apply do.
+TREE_COMMITTER = git.Identity('beampq', 'beampq@localhost.invalid')
 # Build outputs that must not make the tree look edited.
 TREE_EXCLUDES = [
     '__pycache__/',
@@ -58,15 +61,16 @@ def build(project: Project, dest: Path, quiet: bool = False) -> str:
   exist): the base commit, tagged `base`, then one commit per patch with its
   new files as that patch adds them (`as_added`). Returns HEAD.
 
-  The commits are made by the user (git's identity) and dated as what they
-  hold: the base at its release's date, each patch at its own date, so a
-  rebuild by the same user gives the same commits.
+  The commits are made by the user (git's identity, or TREE_COMMITTER where
+  git knows nobody) and dated as what they hold: the base at its release's
+  date, each patch at its own date, so a rebuild by the same user gives the
+  same commits.
   """
   base = project.base
   tarball = sdist.fetch(project)
   series = project.read_series()
   new_content = newfiles.as_added(project, series)
-  committer = git.identity('COMMITTER', project.root)
+  committer = git.identity('COMMITTER', project.root, fallback=TREE_COMMITTER)
   say: Callable[..., None] = (lambda *a: None) if quiet else print
   dest.mkdir(parents=True)
   git.run('init', '-q', '-b', 'main', cwd=dest)

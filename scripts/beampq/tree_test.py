@@ -103,6 +103,22 @@ def test_the_projects_identity_commits(project, tmp_path, monkeypatch):
     assert 'From: Ada <ada@example.org>' in patch.read_text()
 
 
+def test_a_tree_is_built_where_git_knows_nobody(project, tmp_path, monkeypatch):
+  # A CI machine: no identity anywhere. The tree still builds, committed by
+  # the tool, each commit keeping its patch's author.
+  testing.forget_identity(monkeypatch, tmp_path)
+  git.run('init', '-q', cwd=project.root)
+  monkeypatch.chdir(tmp_path)
+  tree.build(project, tmp_path / 'beam', quiet=True)
+  log = git.output(
+      'log',
+      '--format=%an|%cn <%ce>',
+      f'{tree.BASE_TAG}..',
+      cwd=tmp_path / 'beam')
+  tool = 'beampq <beampq@localhost.invalid>'
+  assert log.splitlines() == [f'Test Author|{tool}'] * 2
+
+
 def test_rebuilt_tree_equals_the_refreshed_one(project):
   edited = tree_id(project.tree)
   tree.update(project, force=True)
