@@ -119,8 +119,18 @@ def test_the_losses_say_which_points_the_run_cannot_tell_from_the_floor():
   assert 'stays below it at 1; 1 have too few seeds for one.' in text
 
 
+def _with_overhead(results):
+  from bench.report_test import overhead_results
+  return {**results, **overhead_results()}
+
+
+# The worst point's label: against its own deployment's baseline, since the
+# stateless one is given beside it.
+WORST = "worst against its deployment's baseline"
+
+
 def test_the_readme_why_block_shows_the_best_and_the_worst_point():
-  results = small_results()
+  results = _with_overhead(small_results())
   section = results['v4']
 
   def ranked():
@@ -137,20 +147,21 @@ def test_the_readme_why_block_shows_the_best_and_the_worst_point():
 
   text = blocks.readme_why(results)
   assert row('best', ranked()[-1]) in text
-  assert row('worst', ranked()[0]) in text
+  assert row(WORST, ranked()[0]) in text
   # Whichever point wins most is the one shown: none is named in advance.
   dep, workload, r_key, d_key, point = ranked()[0]
   point['default']['ratio'] = 99.0
   text = blocks.readme_why(results)
   assert ranked()[-1][4] is point
   assert row('best', ranked()[-1]) in text and '99.00x' in text
-  assert row('worst', ranked()[0]) in text
+  assert row(WORST, ranked()[0]) in text
 
 
 def test_the_readme_why_block_states_the_losses_beside_the_goals():
   # The stateless reference's count and the medians by decoding length
-  # come from the results, as do the placements each point has.
-  results = small_results()
+  # come from the results, as do the placements each point has, and the
+  # runner's cost.
+  results = _with_overhead(small_results())
   section = results['v4']
   goals = blocks.v4_summary.goals(section)
   text = blocks.readme_why(results)
@@ -168,6 +179,10 @@ def test_the_readme_why_block_states_the_losses_beside_the_goals():
       for p in blocks.v4_summary.points(section)
   })
   assert f'medians over {" to ".join(map(str, placements))} placements' in text
+  overhead = results['overhead']
+  assert (
+      f'takes {overhead["default_10000_over_stateful"]:.2f}x and '
+      f'{overhead["default_30000_over_stateful"]:.2f}x the time') in text
 
 
 def test_main_refuses_an_unknown_argument(capsys):
