@@ -42,6 +42,9 @@ design (`--measuring-spread`) uses the tuning seeds, as tuning does:
 `--input-order sorted` reads batch pipelines' input grouped by key, as a
 file sorted by document would give it, where the benchmark reads it in
 arrival order (random with respect to the prefix).
+`--measuring-shards` and `--measured-whole-batches` run the model of a batch
+pipeline with other values of 0011's _MEASURING_SHARDS and
+_MEASURED_WHOLE_BATCHES than the tree's, a what-if of the model alone.
 """
 
 import argparse
@@ -50,6 +53,7 @@ import json
 import statistics
 from pathlib import Path
 
+from bench import batch as batch_model
 from bench import costs
 from bench import v4
 from bench import v4_summary
@@ -94,7 +98,9 @@ def fleet(
     seeds: list,
     groups=('streaming', 'batch'),
     measuring_spread=1,
-    input_order='arrival') -> dict:
+    input_order='arrival',
+    measuring_shards=None,
+    measured_whole_batches=None) -> dict:
   """Phase A for one workload at another fleet size, with the tree's
   default AdaptiveNumShards.
 
@@ -111,6 +117,11 @@ def fleet(
     input_order: the order batch pipelines read their input in: 'arrival'
       (as the benchmark reads it) or 'sorted' (grouped by key, as a file
       sorted by document; v4.in_input_order).
+    measuring_shards, measured_whole_batches: what the model of a batch
+      pipeline takes for 0011's _MEASURING_SHARDS and
+      _MEASURED_WHOLE_BATCHES (batch.measuring_shards), in place of the
+      tree's; none: the tree's. The tree is not changed: a what-if of the
+      model alone.
 
   Returns:
     {point: figures}: the default's, `lpt`'s and the bound's median ratios,
@@ -118,9 +129,22 @@ def fleet(
     steady state and its t0, the fleet's workers and the seeds.
   """
   from apache_beam.transforms.util import AdaptiveNumShards
+  if measuring_shards is not None and measuring_shards < 2:
+    raise ValueError(
+        f'measuring_shards must be at least 2, got {measuring_shards!r}')
+  if measured_whole_batches is not None and measured_whole_batches < 0:
+    raise ValueError(
+        'measured_whole_batches must be at least 0, got '
+        f'{measured_whole_batches!r}')
   (full, ) = [w for w in v4.WORKLOADS if w.name == workload_name]
   chosen = [full.scaled(workers=workers, requests=requests)]
   eval_seeds, v4.EVAL_SEEDS = v4.EVAL_SEEDS, list(seeds)
+  model_constants = (
+      batch_model.MEASURING_SHARDS, batch_model.MEASURED_WHOLE_BATCHES)
+  if measuring_shards is not None:
+    batch_model.MEASURING_SHARDS = measuring_shards
+  if measured_whole_batches is not None:
+    batch_model.MEASURED_WHOLE_BATCHES = measured_whole_batches
   try:
     done = v4.run_all(
         AdaptiveNumShards(),
@@ -132,6 +156,9 @@ def fleet(
         input_order=input_order)
   finally:
     v4.EVAL_SEEDS = eval_seeds
+    (
+        batch_model.MEASURING_SHARDS,
+        batch_model.MEASURED_WHOLE_BATCHES) = model_constants
   meta = {'workers': workers, 'requests': requests, 'seeds': list(seeds)}
   section = v4_summary.summarize(done, meta)
   out = {}
@@ -247,6 +274,16 @@ def main(argv=None) -> int:
       choices=v4.INPUT_ORDERS,
       help='the order batch pipelines read their input in: as it arrived, '
       'or grouped by key (a file sorted by document)')
+  fleet_parser.add_argument(
+      '--measuring-shards',
+      type=int,
+      help="the model's 0011 _MEASURING_SHARDS in batch (default: the "
+      "tree's)")
+  fleet_parser.add_argument(
+      '--measured-whole-batches',
+      type=int,
+      help="the model's 0011 _MEASURED_WHOLE_BATCHES in batch (default: "
+      "the tree's)")
   fleet_table_parser = sub.add_parser('fleet-table')
   fleet_table_parser.add_argument('dir', type=Path)
   fleet_table_parser.add_argument('names', nargs='+')
@@ -275,6 +312,8 @@ def main(argv=None) -> int:
             'groups': args.groups,
             'measuring_spread': args.measuring_spread,
             'input_order': args.input_order,
+            'measuring_shards': args.measuring_shards,
+            'measured_whole_batches': args.measured_whole_batches,
             'points': fleet(
                 args.workload,
                 args.workers,
@@ -282,7 +321,9 @@ def main(argv=None) -> int:
                 args.seeds,
                 args.groups,
                 args.measuring_spread,
-                args.input_order)
+                args.input_order,
+                args.measuring_shards,
+                args.measured_whole_batches)
         })
   elif args.command == 'fleet-table':
     print(fleet_table(_read(args.dir, args.names, 'points')))

@@ -96,6 +96,23 @@ def test_a_free_measuring_step_is_never_slower_in_batch():
     research_v4.fleet('W1', measuring_spread=-1, **kwargs)
 
 
+def test_the_measuring_shards_of_the_model_can_be_changed():
+  pytest.importorskip('apache_beam.transforms.util')
+  kwargs = dict(
+      workers=4, requests=600, seeds=[7], groups=('batch', ))
+  own = research_v4.fleet('W1', **kwargs)
+  other = research_v4.fleet(
+      'W1', measuring_shards=4, measured_whole_batches=0, **kwargs)
+  assert set(own) == set(other)
+  assert any(other[p]['default'] != own[p]['default'] for p in own)
+  # The model's own values are back once the run ends.
+  assert research_v4.fleet('W1', **kwargs) == own
+  with pytest.raises(ValueError, match='measuring_shards.*1'):
+    research_v4.fleet('W1', measuring_shards=1, **kwargs)
+  with pytest.raises(ValueError, match='measured_whole_batches.*-1'):
+    research_v4.fleet('W1', measured_whole_batches=-1, **kwargs)
+
+
 def test_sorted_input_changes_only_the_batch_reading_order():
   pytest.importorskip('apache_beam.transforms.util')
   kwargs = dict(
