@@ -43,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Iterable
+from typing import Sequence
 from typing import Optional
 
 from beampq import Error
@@ -344,11 +345,43 @@ def compare(
   return lines + _spec_lines(base['specs'], patched['specs'])
 
 
-def verdicts(base: dict, patched: dict) -> list[tuple[str, str, list[str]]]:
+def incomplete(
+    result: dict, expected: Sequence[str], label: str,
+    empty_ok: bool) -> list[str]:
+  """Report lines on what a tree's batches lost, duplicated or left empty
+  against the input (expected: its payloads); empty when each payload comes
+  out once, and, unless empty_ok, no batch is empty."""
+  emitted = collections.Counter(
+      e for batch in result['batches'] for e in batch['elements'])
+  wanted = collections.Counter(expected)
+  lost = sorted((wanted - emitted).elements())
+  extra = sorted((emitted - wanted).elements())
+  lines = []
+  if lost:
+    lines.append(f'the {label} tree lost {len(lost)} elements: {lost[:4]}')
+  if extra:
+    lines.append(
+        f'the {label} tree emitted {len(extra)} elements too many: '
+        f'{extra[:4]}')
+  empty = sum(1 for batch in result['batches'] if not batch['elements'])
+  if empty and not empty_ok:
+    lines.append(f'the {label} tree emitted {empty} empty batches')
+  return lines
+
+
+def verdicts(
+    base: dict,
+    patched: dict,
+    expected: Optional[Sequence[str]] = None
+) -> list[tuple[str, str, list[str]]]:
   """(case, verdict, report lines) for every case of either run. A verdict
-  is 'same'; 'DIFFERS'; 'documented' (differs, as DOCUMENTED allows);
+  is 'same'; 'DIFFERS'; 'documented' (differs, as DOCUMENTED allows, in its
+  batches only: not in what it emits, nor in its state and timer specs);
   'UNDOCUMENTED-SAME' (a DOCUMENTED case that no longer differs, so the
-  exception has to go); 'ERROR' (a tree failed to run it) or 'MISSING'."""
+  exception has to go); 'INCOMPLETE' (with expected, the input's payloads:
+  a tree lost or duplicated elements, or the patched one emitted an empty
+  batch, which the base may); 'ERROR' (a tree failed to run it) or
+  'MISSING'."""
   out = []
   for name in sorted(set(base) | set(patched)):
     config, _, runner = name.partition('/')
@@ -362,10 +395,25 @@ def verdicts(base: dict, patched: dict) -> list[tuple[str, str, list[str]]]:
         patched[name],
         CLOCK_START[runner],
         stateful and runner in END_RACE_RUNNERS)
-    if any('error' in result for result in (base[name], patched[name])):
+    errors = any('error' in result for result in (base[name], patched[name]))
+    lost = [] if errors or expected is None else (
+        incomplete(base[name], expected, 'base', empty_ok=True) +
+        incomplete(patched[name], expected, 'patched', empty_ok=False))
+    specs = [] if errors else _spec_lines(
+        base[name]['specs'], patched[name]['specs'])
+    if errors:
       verdict = 'ERROR'
+    elif lost:
+      verdict = 'INCOMPLETE'
+      lines = lost + lines
     elif config not in DOCUMENTED:
       verdict = 'DIFFERS' if lines else 'same'
+    elif specs:
+      verdict = 'DIFFERS'
+      lines = [
+          f'documented to differ in its batches ({DOCUMENTED[config]}), not '
+          'in its state and timer specs'
+      ] + lines
     elif lines:
       verdict = 'documented'
       lines = [f'allowed: {DOCUMENTED[config]}'] + lines
@@ -451,7 +499,8 @@ def run(ws: Workspace, select: Optional[str] = None) -> int:
     raise Error(f'differential: -k {select!r} matches no case')
   started = time.monotonic()
   base, patched = run_trees(ws.base_sdk, ws.sdk, select)
-  text, passed = report(verdicts(base, patched))
+  text, passed = report(
+      verdicts(base, patched, [payload for _, _, payload in elements()]))
   print(text)
   print(
       f'differential: {time.monotonic() - started:.0f} s; slowest: ' +

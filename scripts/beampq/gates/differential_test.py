@@ -253,6 +253,54 @@ def test_verdicts():
   assert verdicts[f'{plain}/FnApiRunner'][0] == 'DIFFERS'
 
 
+def test_lost_duplicated_or_empty_output_fails_even_when_documented():
+  documented = next(iter(differential.DOCUMENTED))
+  expected = ['e0', 'e1', 'e2']
+  whole = result(batch(['e0', 'e1'], 1), batch(['e2'], 2))
+  cases = {
+      'lost': result(batch(['e0', 'e1'], 1)),
+      'duplicated': result(batch(['e0', 'e1'], 1), batch(['e1', 'e2'], 2)),
+      'empty': result(batch([], 1), batch(['e0', 'e1', 'e2'], 2)),
+  }
+  for label, patched in cases.items():
+    got = differential.verdicts(
+        _results([documented], **{documented: whole}),
+        _results([documented], **{documented: patched}),
+        expected)
+    ((_, verdict, lines), ) = got
+    assert verdict == 'INCOMPLETE', label
+    assert lines[0].startswith('the patched tree'), (label, lines)
+  # The base may emit empty batches (the documented bug that 0001 fixes),
+  # not lose elements; without expected, nothing is counted.
+  base_empty = result(batch([], 1), batch(['e0', 'e1', 'e2'], 2))
+  ((_, verdict, _), ) = differential.verdicts(
+      _results([documented], **{documented: base_empty}),
+      _results([documented], **{documented: whole}),
+      expected)
+  assert verdict == 'documented'
+  ((_, verdict, lines), ) = differential.verdicts(
+      _results([documented], **{documented: cases['lost']}),
+      _results([documented], **{documented: whole}),
+      expected)
+  assert verdict == 'INCOMPLETE' and 'the base tree lost 1' in lines[0]
+  ((_, verdict, _), ) = differential.verdicts(
+      _results([documented], **{documented: whole}),
+      _results([documented], **{documented: cases['lost']}))
+  assert verdict == 'documented'
+
+
+def test_a_documented_case_may_not_change_its_specs():
+  documented = next(iter(differential.DOCUMENTED))
+  specs = [{'states': {'count': ['combining_spec', ['c']]}, 'timers': {}}]
+  changed = [{'states': {'count': ['rmw', ['c']]}, 'timers': {}}]
+  ((_, verdict, lines), ) = differential.verdicts(
+      _results([documented], **{documented: result(specs=specs)}),
+      _results([documented],
+               **{documented: result(*sized([1], (0, 10)), specs=changed)}))
+  assert verdict == 'DIFFERS'
+  assert 'not in its state and timer specs' in lines[0]
+
+
 def test_errors_and_missing_cases_fail_even_when_documented():
   documented = next(iter(differential.DOCUMENTED))
   base = _results([documented, 'stateless-global-fixed'])
