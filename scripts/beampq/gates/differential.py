@@ -43,8 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Iterable
-from typing import Sequence
 from typing import Optional
+from typing import Sequence
 
 from beampq import Error
 from beampq.gates import suite
