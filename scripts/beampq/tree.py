@@ -40,7 +40,7 @@ from beampq.project import Project
 # The tag of the base commit in every tree: `git rebase -i base`.
 BASE_TAG = 'base'
 # Who commits a tree where git knows nobody (a CI machine): building one
-# writes nothing in anyone's name, as refresh, export and apply do.
+# writes nothing in anyone's name, unlike export and apply.
 TREE_COMMITTER = git.Identity('beampq', 'beampq@localhost.invalid')
 # Build outputs that must not make the tree look edited.
 TREE_EXCLUDES = [

@@ -29,7 +29,9 @@ batch's elements, size, window and timestamp, window by window in emission
 order (where the base's own runs do not fix an order, as a multiset: see
 END_RACE_RUNNERS), and the state and timer specs of its stateful DoFn. The
 only cases allowed to differ are those of DOCUMENTED, each a change
-CHANGES.md names; they must differ.
+CHANGES.md names, in their batches only; they must differ. Whatever a
+case's verdict, each tree must emit every input element once, and the
+patched tree no empty batch (INCOMPLETE otherwise).
 
 The pure parts (the matrix, the comparison, the report) are here; the
 pipelines are in differential_pipelines.py.

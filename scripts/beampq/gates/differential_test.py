@@ -354,3 +354,35 @@ def test_a_selection_that_matches_no_case_is_an_error():
   # Checked before either tree runs: the workspace is never read.
   with pytest.raises(Error, match="-k 'no-such-case' matches no case"):
     differential.run(None, 'no-such-case')
+
+
+def test_the_gate_counts_the_whole_input(monkeypatch, capsys):
+  # run() hands verdicts the input's payloads: a patched tree that loses an
+  # element fails the gate even where it may differ.
+  documented = next(iter(differential.DOCUMENTED))
+  payloads = [payload for _, _, payload in differential.elements()]
+  whole = result(batch(payloads, 1))
+  short = result(batch(payloads[1:], 1))
+  name = f'{documented}/FnApiRunner'
+
+  class Tree:
+    base_sdk = sdk = None
+
+  monkeypatch.setattr(
+      differential,
+      'run_trees', lambda base, patched, select: ({
+          name: whole
+      }, {
+          name: short
+      }))
+  assert differential.run(Tree(), documented) == 1
+  assert f'INCOMPLETE  {name}' in capsys.readouterr().out
+  monkeypatch.setattr(
+      differential,
+      'run_trees', lambda base, patched, select: ({
+          name: whole
+      }, {
+          name: whole
+      }))
+  assert differential.run(Tree(), documented) == 1  # documented, yet same
+  assert 'UNDOCUMENTED-SAME' in capsys.readouterr().out
