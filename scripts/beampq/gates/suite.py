@@ -45,10 +45,12 @@ def pytest_on(
     targets: list[str],
     cache: Path,
     failed: Optional[list[str]] = None,
-    chosen: Optional[selection.Selection] = None) -> int:
+    chosen: Optional[selection.Selection] = None,
+    reasons: Optional[dict[str, str]] = None) -> int:
   """Runs Beam's pytest setup in an sdk folder: the tests in parallel, then
-  the no_xdist ones alone. Adds the ids of failed tests to failed. With
-  chosen, only the tests it selects run."""
+  the no_xdist ones alone. Adds the ids of failed tests to failed, and what
+  pytest's summary gives as each one's reason to reasons. With chosen, only
+  the tests it selects run."""
   with tempfile.TemporaryDirectory(prefix='beampq-pytest-') as tmp:
     if chosen is not None:
       select_file = Path(tmp) / 'selection.json'
@@ -56,7 +58,8 @@ def pytest_on(
       # One argument, so that pytest does not take the file's folder into
       # its rootdir.
       targets = [f'--beampq-select={select_file}'] + targets
-    return _pytest_runs(sdk, targets, cache, failed, beam_test_env(sdk, tmp))
+    return _pytest_runs(
+        sdk, targets, cache, failed, beam_test_env(sdk, tmp), reasons)
 
 
 def beam_test_env(sdk: Path, tmp: str) -> dict[str, str]:
@@ -77,7 +80,8 @@ def _pytest_runs(
     targets: list[str],
     cache: Path,
     failed: Optional[list[str]],
-    env: dict[str, str]) -> int:
+    env: dict[str, str],
+    reasons: Optional[dict[str, str]] = None) -> int:
   common = [
       sys.executable,
       '-m',
@@ -110,9 +114,11 @@ def _pytest_runs(
       assert run.stdout is not None
       for line in run.stdout:
         print(line, end='', flush=True)
-        match = re.match(r'^(?:FAILED|ERROR) (\S+)', line)
-        if match and failed is not None:
-          failed.append(match.group(1))
+        failure = summary_failure(line)
+        if failure and failed is not None:
+          failed.append(failure[0])
+        if failure and reasons is not None:
+          reasons[failure[0]] = failure[1]
     codes.append(run.returncode)
   if all(code == 5 for code in codes):
     print('beampq: no tests were collected')
@@ -199,18 +205,48 @@ def regression_modules(sdk: Path) -> list[str]:
   return sorted(modules)
 
 
+def summary_failure(line: str) -> Optional[tuple[str, str]]:
+  """(test id, reason) of a FAILED or ERROR line of pytest's short summary
+  (-rfE), or None for any other line."""
+  match = re.match(r'^(?:FAILED|ERROR) (\S+)(?: - (.*))?', line)
+  if match is None:
+    return None
+  return match.group(1), (match.group(2) or '').strip()
+
+
+def _error_type(reason: Optional[str]) -> Optional[str]:
+  """The exception a pytest summary reason names ('ValueError: ...' ->
+  'ValueError'), or None when it names none."""
+  match = re.match(
+      r'([\w.]+(?:Error|Exception|Exit|Failed|Interrupt))\b', reason or '')
+  return match.group(1) if match else None
+
+
 def classify_failures(
-    failed: list[str], failed_again: list[str],
-    failed_before: list[str]) -> dict[str, list[str]]:
+    failed: list[str],
+    failed_again: list[str],
+    failed_before: list[str],
+    reasons: Optional[dict[str, str]] = None,
+    reasons_before: Optional[dict[str, str]] = None) -> dict[str, list[str]]:
   """Sorts the tests that failed on the patched tree by what their reruns
-  did: failed on the base too, passed on a rerun, or neither."""
+  did: failed on the base too, passed on a rerun, or neither. A test that
+  fails on the base with another exception than on the patched tree (by
+  reasons and reasons_before, each test's summary reason) is NEW: it fails
+  for a reason of the patch's."""
+  reasons, reasons_before = reasons or {}, reasons_before or {}
+
+  def same_failure(test):
+    return test in failed_before and _error_type(
+        reasons.get(test)) == _error_type(reasons_before.get(test))
+
   return {
-      'also fails on the base': [t for t in failed if t in failed_before],
+      'also fails on the base': [t for t in failed if same_failure(t)],
       'flaky: passed when rerun': [
           t for t in failed if t not in failed_before and t not in failed_again
       ],
       'NEW': [
-          t for t in failed if t not in failed_before and t in failed_again
+          t for t in failed if (t in failed_before and not same_failure(t)) or
+          (t not in failed_before and t in failed_again)
       ],
   }
 
@@ -223,12 +259,14 @@ def regression(ws: Workspace, pytest_args: list[str]) -> int:
   print(f'beampq: regression: {len(targets)} test modules: {" ".join(targets)}')
   started = time.monotonic()
   failed: list[str] = []
-  code = pytest_on(ws.sdk, targets, cache, failed)
+  reasons: dict[str, str] = {}
+  code = pytest_on(ws.sdk, targets, cache, failed, reasons=reasons)
   if code not in (0, 1):
     raise Error(f'pytest exited with {code} on the patched tree')
   files = sorted({name.split('::')[0] for name in failed})
   failed_again: list[str] = []
   failed_before: list[str] = []
+  reasons_before: dict[str, str] = {}
   if files:
     print(
         f'beampq: rerunning the {len(files)} files with failures on the '
@@ -239,8 +277,10 @@ def regression(ws: Workspace, pytest_args: list[str]) -> int:
     pytest_on(
         base_sdk, [f for f in files if (base_sdk / f).is_file()],
         cache,
-        failed_before)
-  verdicts = classify_failures(failed, failed_again, failed_before)
+        failed_before,
+        reasons=reasons_before)
+  verdicts = classify_failures(
+      failed, failed_again, failed_before, reasons, reasons_before)
   minutes = (time.monotonic() - started) / 60
   print(
       f'beampq: regression: {len(targets)} modules in {minutes:.1f} min; '

@@ -41,6 +41,39 @@ def test_regression_failures_are_classified():
   }
 
 
+def test_a_test_that_fails_otherwise_on_the_base_is_new():
+  # Failing on both trees excuses a test only where it fails alike.
+  verdicts = suite.classify_failures(
+      failed=['a.py::same', 'a.py::other', 'a.py::plain'],
+      failed_again=['a.py::same', 'a.py::other', 'a.py::plain'],
+      failed_before=['a.py::same', 'a.py::other', 'a.py::plain'],
+      reasons={
+          'a.py::same': 'ImportError: no module named torch',
+          'a.py::other': 'TypeError: f() got an unexpected keyword',
+          'a.py::plain': 'assert 1 == 2',
+      },
+      reasons_before={
+          'a.py::same': 'ImportError: no module named torch (again)',
+          'a.py::other': 'ImportError: no module named torch',
+          'a.py::plain': 'assert 3 == 4',
+      })
+  assert verdicts == {
+      'also fails on the base': ['a.py::same', 'a.py::plain'],
+      'flaky: passed when rerun': [],
+      'NEW': ['a.py::other'],
+  }
+
+
+def test_the_summary_gives_each_failures_reason():
+  assert suite.summary_failure(
+      'FAILED apache_beam/x_test.py::T::test_bad - TypeError: boom\n') == (
+          'apache_beam/x_test.py::T::test_bad', 'TypeError: boom')
+  assert suite.summary_failure('ERROR apache_beam/y_test.py\n') == (
+      'apache_beam/y_test.py', '')
+  assert suite.summary_failure('PASSED apache_beam/x_test.py::t\n') is None
+  assert suite.summary_failure('x_test.py FAILED\n') is None
+
+
 def test_regression_modules_cover_batch_elements_users(tmp_path):
   sdk = tmp_path
   files = {
