@@ -35,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import costs
+from bench import deploy
 from bench import learning
 from bench import policies
 from bench import report
 from bench import v4
 from bench import v4_summary
+from bench.workloads import MICROS
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / 'build' / 'bench'
@@ -198,6 +200,12 @@ def main(argv=None) -> int:
   return 0
 
 
+def _window_secs(name):
+  """A scoring window's length in seconds, or 'whole run'."""
+  cells = deploy.WINDOWS[name]
+  return 'whole run' if cells is None else cells * deploy.CELL_US // MICROS
+
+
 def v4_meta(quick, model) -> dict:
   """v4.meta: the seeds, placements and settings of phase A."""
   return {
@@ -207,8 +215,17 @@ def v4_meta(quick, model) -> dict:
       'salts': list(v4.SALTS),
       'placements': len(v4.SALTS) * (1 if quick else len(v4.EVAL_SEEDS)),
       'placements_off_goal': len(v4.SALTS) * (1 if quick else 2),
-      'window_secs': 10,
-      'other_window_secs': [2, 60, 'whole run'],
+      'window_secs': _window_secs('10s'),
+      'other_window_secs': [
+          _window_secs(name) for name in deploy.WINDOWS if name != '10s'
+      ],
+      'window_seconds': {
+          name: _window_secs(name)
+          for name in deploy.WINDOWS
+      },
+      'range_recut_secs': deploy.RANGE_RECUT_US / MICROS,
+      'batch_sizes': sorted({w.batch_size
+                             for w in v4.WORKLOADS}),
       'cache_tokens': v4.workloads.CACHE_TOKENS,
       'rate_per_worker': v4.RATE_PER_WORKER,
       'buffering_s': v4.BUFFERING_S,

@@ -88,7 +88,8 @@ def _run(results):
       f'`{meta["beam_tree_commit"][:12]}`, {v["placements"]} placements '
       f'(evaluation seeds x salts) per point, C = {v["cache_tokens"]} '
       f'tokens per worker, {v["rate_per_worker"]} requests/s per worker, '
-      'scored in steady state over 10 s windows (batch: the makespan). '
+      'scored in steady state over '
+      f'{v4_summary.window_text(v)} windows (batch: the makespan). '
       f'`default` is `PrefixBatchingConfig()` as the series ships it '
       f'(`{meta["default_num_shards"]}`: keys too cold to fill batches of '
       'their own share their measuring process\'s batches)')
@@ -107,7 +108,8 @@ def _losses(results, name='default', limit=8):
   return (
       f'It is below {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
       f'baseline at {len(below)} of {goals["points"]} points, the worst '
-      f'{listed}{more}.' + _within_noise(below) + _other_references(goals))
+      f'{listed}{more}.' + _within_noise(below) +
+      _other_references(goals, results['v4']['meta']))
 
 
 def _within_noise(below):
@@ -124,7 +126,7 @@ def _within_noise(below):
           if len(highs) < len(below) else '') + '.')
 
 
-def _other_references(goals, limit=3):
+def _other_references(goals, meta, limit=3):
   """Where the default loses by measures beside the goals' own."""
   stateless = goals['below_stateless']
   listed = ', '.join(
@@ -135,9 +137,26 @@ def _other_references(goals, limit=3):
       '(per-bundle batches on the reading worker, no shuffle), it is below '
       f'{v4_summary.NEVER_SLOWER:.2f}x at {len(stateless)} of '
       f'{goals["streaming_points"]} streaming points'
-      f'{", the worst " + listed if stateless else ""}. Scored over 2 s '
-      f'windows instead of 10 s, {len(goals["below_2s"])} of '
-      f'{goals["points"]} points are below its deployment\'s baseline.')
+      f'{", the worst " + listed if stateless else ""}. Scored over '
+      f'{v4_summary.window_text(meta, "2s")} windows instead of '
+      f'{v4_summary.window_text(meta)}, {len(goals["below_2s"])} of '
+      f'{goals["points"]} points are below its deployment\'s baseline.' +
+      _from_start(goals, meta))
+
+
+def _from_start(goals, meta, limit=3):
+  """Streaming scored from the run's start, as a sentence with a leading
+  space (empty for results without it)."""
+  below = goals['below_from_start']
+  if below is None:
+    return ''
+  listed = ', '.join(
+      f'{b["at"].replace(".", " ")} ({b["ratio"]:.2f}x)' for b in below[:limit])
+  return (
+      f' Scored from the run\'s start over {v4_summary.window_text(meta)} '
+      'windows, cold caches included, '
+      f'{len(below)} of {goals["streaming_points"]} streaming points are '
+      'below it' + (f', the worst {listed}' if below else '') + '.')
 
 
 def _wins(results, name='default'):
@@ -338,8 +357,9 @@ def _method(results):
       '`bench` package, `tox -e bench`, benchmark v4) whose streaming '
       'batches equal those of the real transforms on the streaming '
       'DirectRunner, batch for batch, and whose batch deployment forms the '
-      'FnApiRunner\'s batches on a small case. Deployments: streaming_F3 (key ranges '
-      're-cut every 10 s on past work), streaming_F2 (static hash), each '
+      'FnApiRunner\'s batches on a small case. Deployments: streaming_F3 '
+      f'(key ranges re-cut every {v["range_recut_secs"]:g} s on past work), '
+      'streaming_F2 (static hash), each '
       'against 2.77.0\'s stateful path placed the same way; batch, against '
       '2.77.0\'s stateless path, which the vLLM handlers use by default. '
       'R = S / C is the distinct shareable prefix tokens over one worker\'s '

@@ -191,3 +191,18 @@ def test_main_refuses_an_unknown_argument(capsys):
     blocks.main(['--wrtie'])
   assert exit_info.value.code == 2
   assert '--wrtie' in capsys.readouterr().err
+
+
+def test_the_losses_say_how_streaming_fares_from_the_runs_start():
+  # Beside the steady state, the cold start: scored from the run's start.
+  results = small_results()
+  goals = blocks.v4_summary.goals(results['v4'])
+  assert goals['below_from_start'] is not None
+  text = blocks._losses(results)  # pylint: disable=protected-access
+  assert (
+      f'{len(goals["below_from_start"])} of {goals["streaming_points"]} '
+      'streaming points are below it') in text
+  # Results from before the figure say nothing of it.
+  for point in blocks.v4_summary.points(results['v4']):
+    point[4]['default'].pop('ratio_from_start', None)
+  assert 'from the run\'s start' not in blocks._losses(results)  # pylint: disable=protected-access

@@ -60,6 +60,8 @@ from bench.workloads import SHAREABLE
 CELL_US = 2 * MICROS
 # Scoring windows, in cells (None: the whole run).
 WINDOWS = {'2s': 1, '10s': 5, '60s': 30, 'whole': None}
+# How often a range placer (streaming_F3) re-cuts its key ranges.
+RANGE_RECUT_US = 10 * MICROS
 SPACE = 2**64
 
 
@@ -99,7 +101,7 @@ class StaticPlacer:
 class RangePlacer:
   """Key ranges re-cut every window_us by the work measured so far, each
   window's work decayed by `decay` per window after it."""
-  def __init__(self, workers, salt, window_us=10 * MICROS, decay=0.5):
+  def __init__(self, workers, salt, window_us=RANGE_RECUT_US, decay=0.5):
     self._workers = workers
     self._salt = salt
     self._window_us = window_us
@@ -361,6 +363,35 @@ def score(
           scored_requests / scored_batches if scored_batches else 0.0),
       'p99_delay_s': percentile(delays, 99) / MICROS if delays else 0.0,
   }
+
+
+# The capacity scored over 10 s windows from the run's start, cold caches
+# included, beside the steady state's (streaming only: batch scores the
+# whole job from its start).
+FROM_START = '10s_from_start'
+
+
+def scored_requests(requests, t0_cell: int) -> int:
+  """How many of the requests arrive from t0_cell on."""
+  return sum(1 for r in requests if r.arrival_us // CELL_US >= t0_cell)
+
+
+def score_with_start(
+    run: Run,
+    *,
+    t0_cell: int,
+    decode_tokens: int,
+    model,
+    copies: int,
+    requests_scored: int,
+    requests_total: int) -> dict:
+  """score from t0_cell, with capacity[FROM_START] from the run's start
+  (requests_scored: those from t0_cell on; requests_total: all)."""
+  figures = score(run, t0_cell, decode_tokens, model, copies, requests_scored)
+  start = figures if t0_cell == 0 else score(
+      run, 0, decode_tokens, model, copies, requests_total)
+  figures['capacity'][FROM_START] = start['capacity']['10s']
+  return figures
 
 
 def bound(

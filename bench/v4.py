@@ -38,6 +38,7 @@ same salt, and summarized as medians with min and max (summarize).
 """
 
 import dataclasses
+import functools
 import math
 import multiprocessing
 import time
@@ -202,10 +203,6 @@ def _t0(runs, holds, span_us):
   return max(times), True
 
 
-def _scored(requests, t0_cell):
-  return sum(1 for r in requests if r.arrival_us // deploy.CELL_US >= t0_cell)
-
-
 def _lpt_weights(run, requests_by_key, decode, model):
   return {
       k: v + requests_by_key.get(k, 0) * decode * model.decode_token_tokens
@@ -311,28 +308,30 @@ def streaming_task(workload, r_key, seed, quick):
     others = [deploy.warm_time(r, holds) for r in mine + shared]
     all_warm = all(t is not None and t <= t0 for t in others)
     t0_cell = math.ceil(t0 / deploy.CELL_US)
-    n = _scored(requests, t0_cell)
+    n = deploy.scored_requests(requests, t0_cell)
     figures = {}
     for decode in (DECODES if dep == 'streaming_F2' else f3_decodes):
       rows = figures[decode] = {}
+      scored = functools.partial(
+          deploy.score_with_start,
+          t0_cell=t0_cell,
+          decode_tokens=decode,
+          model=model,
+          copies=copies_n,
+          requests_scored=n,
+          requests_total=len(requests))
       for name in STRATEGIES:
         key = (
             lambda salt:
             (dep, name, salt, None if dep.endswith('F2') else decode))
-        rows[name] = [
-            deploy.score(runs[key(salt)], t0_cell, decode, model, copies_n, n)
-            for salt in salts
-        ]
-      rows['stateless'] = [
-          deploy.score(
-              runs[('stateless', )], t0_cell, decode, model, copies_n, n)
-      ]
+        rows[name] = [scored(runs[key(salt)]) for salt in salts]
+      rows['stateless'] = [scored(runs[('stateless', )])]
       lpt_run = runs.get(('lpt', decode))
       if lpt_run is None:
         # streaming_F2 at a decode length F3 does not run: the LPT
         # placement of the nearest one.
         lpt_run = runs[('lpt', f3_decodes[0])]
-      rows['lpt'] = [deploy.score(lpt_run, t0_cell, decode, model, copies_n, n)]
+      rows['lpt'] = [scored(lpt_run)]
       rows.update(
           _bounds(
               requests,

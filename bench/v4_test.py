@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from bench import costs
+from bench import deploy
 from bench import policies
 from bench import v4
 from bench import v4_summary
@@ -100,6 +101,10 @@ def test_the_bound_is_above_every_strategy_at_every_placement():
               'bound_shuffled')
           for figure in figures:
             for window, capacity in figure['capacity'].items():
+              if window == deploy.FROM_START:
+                # Scored from the start, cold caches included: the bound is
+                # of the steady state.
+                continue
               assert bound['capacity'][window] >= capacity, (
                   task['task'], dep, decode, name, window)
               if name in ('default', 'adaptive_v3', 'lpt'):
@@ -164,6 +169,33 @@ def test_batch_points_report_no_delay_and_streaming_points_a_real_one():
     # Buffering holds an element at most its buffering period, and the
     # runner emits it no sooner than it arrives.
     assert 0 < streaming[name]['p99_delay_s'] <= v4.BUFFERING_S
+
+
+def test_streaming_is_also_scored_from_the_runs_start():
+  tasks = done()
+  section = v4_summary.summarize(tasks, {})
+  later = 0
+  for task in tasks:
+    for dep, info in task['deployments'].items():
+      for decode, rows in info['figures'].items():
+        if decode == 'p_sweep':
+          continue
+        for name in ('baseline', 'default', 'stateless'):
+          for figure in rows.get(name, []):
+            capacity = figure['capacity']
+            # Batch scores the whole job: it has no steady state to leave.
+            assert (deploy.FROM_START in capacity) == (dep != 'batch'), dep
+            if dep != 'batch' and info['t0_s'] == 0:
+              assert capacity[deploy.FROM_START] == capacity['10s']
+            if dep != 'batch' and info['t0_s'] > 0:
+              later += capacity[deploy.FROM_START] != capacity['10s']
+  # Where the steady state starts later, the cold start is scored too.
+  assert later
+  for dep, _, _, _, point in v4_summary.points(section):
+    assert ('ratio_from_start' in point['default']) == (dep != 'batch')
+  below = v4_summary.goals(section)['below_from_start']
+  assert all(b['ratio'] < v4_summary.NEVER_SLOWER for b in below)
+  assert [b['ratio'] for b in below] == sorted(b['ratio'] for b in below)
 
 
 def test_goals_list_the_points_below_the_floor():
