@@ -801,16 +801,33 @@ def _read_samples(text: str, prefixes: tuple) -> dict[str, list[float]]:
       continue
     brace = line.find('{')
     if brace >= 0:
-      # A label value may hold spaces or braces, the value and timestamp
-      # after the labels do not.
-      name, rest = line[:brace], line[line.rindex('}') + 1:]
+      name, rest = line[:brace], line[_labels_end(line, brace):]
     else:
       name, _, rest = line.partition(' ')
-    fields = rest.split()
+    # An OpenMetrics exemplar follows ' # ' after the value and timestamp.
+    fields = rest.partition(' # ')[0].split()
     if not 1 <= len(fields) <= 2:
       raise ValueError(f'Not a sample: {line[:100]!r}')
     values[name].append(float(fields[0]))
   return values
+
+
+def _labels_end(line: str, brace: int) -> int:
+  """The index just after the '}' that closes the labels opened at brace. A
+  label value is quoted and may hold braces, spaces and escaped quotes.
+  Raises ValueError if the labels are not closed."""
+  quoted = escaped = False
+  for i in range(brace + 1, len(line)):
+    char = line[i]
+    if escaped:
+      escaped = False
+    elif char == '\\':
+      escaped = quoted
+    elif char == '"':
+      quoted = not quoted
+    elif char == '}' and not quoted:
+      return i + 1
+  raise ValueError(f'Not a sample: {line[:100]!r}')
 
 
 # The lock of each estimator a publisher feeds.

@@ -1940,6 +1940,45 @@ class EnginesTest(unittest.TestCase):
         [scrape(72, 16, usage=0.95, preemptions=3, finished=180)])
 
 
+class SampleLinesTest(unittest.TestCase):
+  """Lines of a page that a reader splitting on the last brace or on spaces
+  would misread."""
+  def read(self, page):
+    estimator = _RecordingEstimator()
+    publisher = PrometheusNumLoadedModelsPublisher(
+        'http://a/metrics',
+        'tag',
+        VLLM_NAMES,
+        estimator=estimator,
+        fetch=lambda url: page)
+    publisher._poll()
+    return estimator.scrapes
+
+  def test_an_exemplar_is_not_read_as_the_value(self):
+    # OpenMetrics puts an exemplar, with labels and a value of its own,
+    # after a sample's value and timestamp.
+    page = vllm_text(
+        32, 16, finished=None) + (
+            f'vllm:request_success_total{{{LABELS}}} 700.0 1700000000.0'
+            ' # {trace_id="ab"} 1.0 1700000000.5\n'
+            f'vllm:request_success_total{{{LABELS}}} 300.0'
+            ' # {trace_id="cd"} 2.0\n')
+    self.assertEqual(self.read(page), [scrape(32, 16, finished=1000)])
+
+  def test_label_values_may_hold_braces_spaces_and_quotes(self):
+    labels = r'model_name="a} 5 # {\"b\"} 7",engine="0"'
+    page = vllm_text(32, 16).replace(LABELS, labels)
+    self.assertEqual(self.read(page), [scrape(32, 16)])
+
+  def test_unclosed_labels_are_not_a_sample(self):
+    page = vllm_text(32, 16).replace(
+        f'vllm:num_requests_waiting{{{LABELS}}} 16',
+        'vllm:num_requests_waiting{model_name="m} 16')
+    with self.assertLogs(autoscaling_metrics.__name__, 'WARNING') as logs:
+      self.assertEqual(self.read(page), [])
+    self.assertIn('Not a sample', '\n'.join(logs.output))
+
+
 class ValidationTest(unittest.TestCase):
   def test_config_rejects_bad_values(self):
     cases = [
