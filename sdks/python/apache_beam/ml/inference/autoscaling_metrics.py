@@ -833,6 +833,9 @@ def _labels_end(line: str, brace: int) -> int:
 # The lock of each estimator a publisher feeds.
 _ESTIMATOR_LOCKS: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()
 _ESTIMATOR_LOCKS_LOCK = threading.Lock()
+# The publisher that started last under each tag in this process.
+_PUBLISHERS: 'weakref.WeakValueDictionary' = weakref.WeakValueDictionary()
+_PUBLISHERS_LOCK = threading.Lock()
 
 
 class PrometheusNumLoadedModelsPublisher:
@@ -862,7 +865,10 @@ class PrometheusNumLoadedModelsPublisher:
   does; so does the collection of ``owner``, without waiting. A scrape that
   fails once ``alive`` says the server has exited ends the thread without
   publishing 0, since a restarted server's publisher may take over the
-  estimator.
+  estimator. In a process, only the publisher that started last under a tag
+  publishes: starting one ends any other under its tag, which publishes
+  nothing more, not even 0. A model that RunInference's side input updates
+  gets a new server, and the old one may still run.
 
   Args:
     metrics_url: the server's Prometheus text endpoint, e.g.
@@ -993,6 +999,7 @@ class PrometheusNumLoadedModelsPublisher:
     # The socket of the scrape in progress, which stop() may cut.
     self._socket: Optional[socket.socket] = None
     self._aborted = False
+    self._replaced = False
     self._problem: Optional[str] = None
     self._why: Optional[str] = None
     self._value: Optional[int] = None
@@ -1047,12 +1054,32 @@ class PrometheusNumLoadedModelsPublisher:
           target=self._run,
           name=f'PrometheusNumLoadedModelsPublisher-{self._tag}',
           daemon=True)
+    with _PUBLISHERS_LOCK:
+      replaced = _PUBLISHERS.get(self._tag)
+      _PUBLISHERS[self._tag] = self
+    if replaced is not None:
+      replaced._make_way()
     self._thread.start()
+
+  def _make_way(self) -> None:
+    """Ends the polling thread, without waiting, for a publisher that
+    started under the same tag; nothing is published from then on."""
+    with self._lock:
+      self._replaced = True
+    if self.running:
+      _LOGGER.info(
+          'Publisher %s of %s stops: another started under its tag.',
+          self._tag,
+          self._url)
+    self._stopping.set()
+    if self._finalizer is not None:
+      self._finalizer.detach()
 
   def stop(self) -> None:
     """Stops the polling thread: it scrapes a last time for the counters,
-    publishes 0 and ends. Returns within 2 seconds, with the thread ended
-    unless called from the thread itself."""
+    publishes 0 (unless another publisher started under its tag) and ends.
+    Returns within 2 seconds, with the thread ended unless called from the
+    thread itself."""
     self._stopping.set()
     if self._finalizer is not None:
       self._finalizer.detach()
@@ -1270,8 +1297,12 @@ class PrometheusNumLoadedModelsPublisher:
         running, waiting, cache_usage, preemptions, finished), problem
 
   def _publish(self, value: int) -> None:
-    self._value = value
-    self._distribution.update(value)
+    with self._lock:
+      # Under the lock, so that nothing is published once _make_way returns.
+      if self._replaced:
+        return
+      self._value = value
+      self._distribution.update(value)
 
   def _report(self, problem: Optional[str]) -> None:
     """Logs a problem with the scrapes when it starts or changes, and when

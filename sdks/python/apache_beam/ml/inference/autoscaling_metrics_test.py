@@ -1685,10 +1685,10 @@ class ThreadTest(unittest.TestCase):
     self.addCleanup(server.close)
     return server
 
-  def start(self, url, poll_interval_secs=0.02, **kwargs):
+  def start(self, url, poll_interval_secs=0.02, tag=None, **kwargs):
     publisher = PrometheusNumLoadedModelsPublisher(
         url,
-        uuid.uuid4().hex,
+        tag or uuid.uuid4().hex,
         VLLM_NAMES,
         AutoscalingConfig(
             poll_interval_secs=poll_interval_secs,
@@ -1728,6 +1728,34 @@ class ThreadTest(unittest.TestCase):
     self.assertGreaterEqual(data.max, 5)
     # The last scrape, when it stopped, published the last increase.
     self.assertEqual(process_wide_counter(namespace, 'hits'), 7)
+
+  def test_a_publisher_ends_the_one_that_started_before_under_its_tag(self):
+    # A model that a side input updates gets a new server, while the old
+    # one may still run and answer.
+    tag = uuid.uuid4().hex
+    old = self.start(self.serve(lambda: vllm_text(32, 16)).url, tag=tag)
+    for _ in range(8):
+      old.batch_started(6)
+    self.wait_until(lambda: old.value == 5, 'the old server measured')
+    new = self.start(self.serve(lambda: vllm_text(24, 24)).url, tag=tag)
+    old._thread.join(5)
+    self.assertFalse(old.running)
+    before = num_loaded_models(tag)
+    for _ in range(8):
+      new.batch_started(6)
+    self.wait_until(lambda: new.value == 4, 'the new server measured')
+    time.sleep(0.2)
+    new_only = num_loaded_models(tag)
+    self.assertGreater(new_only.count, before.count)
+    self.assertEqual(
+        new_only.sum - before.sum, 4 * (new_only.count - before.count))
+    # The old publisher published no 0 when it ended, and does not when
+    # stopped; the new one does.
+    old.stop()
+    self.assertGreater(num_loaded_models(tag).min, 0)
+    self.assertEqual(old.value, 5)
+    new.stop()
+    self.assertEqual(num_loaded_models(tag).min, 0)
 
   def test_stop_is_quick_against_slow_servers(self):
     big = vllm_text(1, 0) + '# padding\n' * ((8 << 20) // 10)
