@@ -126,13 +126,26 @@ def _pytest_runs(
   return next((code for code in codes if code not in (0, 5)), 0)
 
 
+def module_targets(test_modules: list[str],
+                   pytest_args: list[str]) -> list[str]:
+  """What pytest runs for the whole modules: pytest_args alone when they
+  name a test (a path, a .py file or a node id), else test_modules with
+  pytest_args added, so that `-k Keyed` narrows the modules."""
+  named = [
+      arg for arg in pytest_args if not arg.startswith('-') and
+      ('/' in arg or '::' in arg or arg.endswith('.py'))
+  ]
+  return list(pytest_args) if named else test_modules + list(pytest_args)
+
+
 def run(ws: Workspace, pytest_args: list[str], series: bool = False) -> int:
-  """The test modules the queue touches or adds, or pytest_args. With
-  series, only the tests the queue adds or changes in those modules
-  (beampq.gates.selection), with pytest_args added to pytest's."""
+  """The test modules the queue touches or adds, or the tests pytest_args
+  name (module_targets). With series, only the tests the queue adds or
+  changes in those modules (beampq.gates.selection), with pytest_args added
+  to pytest's."""
   cache = ws.project.build / 'pytest-cache'
   if not series:
-    targets = pytest_args or ws.test_modules
+    targets = module_targets(ws.test_modules, pytest_args)
     print(f'beampq: test modules: {" ".join(targets)}')
     return pytest_on(ws.sdk, targets, cache)
   return _series_on(ws, ws.sdk, ws.test_modules, pytest_args, '')

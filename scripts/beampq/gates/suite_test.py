@@ -144,6 +144,16 @@ SDIST_WITH_TEST_SETUP = testing.make_sdist({
 })
 
 
+def test_options_narrow_the_modules_and_paths_replace_them():
+  modules = ['apache_beam/a_test.py', 'apache_beam/b_test.py']
+  assert suite.module_targets(modules, []) == modules
+  assert suite.module_targets(modules,
+                              ['-k', 'Keyed']) == modules + ['-k', 'Keyed']
+  for named in (['apache_beam/c_test.py', '-k', 'Batch'], ['c_test.py'],
+                ['apache_beam/c_test.py::CTest::test_c']):
+    assert suite.module_targets(modules, named) == named
+
+
 def test_heads_test_each_pull_request_alone(tmp_path, index, capsys):
   # The first pull request's code uses a name that only the second defines:
   # the tree passes its tests, but the first is submitted broken.
