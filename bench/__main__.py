@@ -62,10 +62,12 @@ def check_tree():
     sys.exit(
         f'bench: apache_beam comes from {beam.__file__}, not {tree}; '
         'run it through `tox -e bench`')
-  return subprocess.run(['git', '-C', str(tree), 'rev-parse', 'HEAD'],
-                        capture_output=True,
-                        text=True,
-                        check=True).stdout.strip()
+  # The commit depends on who built the tree; its tree object does not.
+  return subprocess.run(
+      ['git', '-C', str(tree), 'rev-parse', 'HEAD', 'HEAD^{tree}'],
+      capture_output=True,
+      text=True,
+      check=True).stdout.split()
 
 
 def versions() -> dict:
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.quick and 'engine' not in args.skip:
     args.skip.append('engine')
-  commit = check_tree()
+  commit, tree_object = check_tree()
   from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
   from apache_beam.utils import subprocess_server
   default_spec = PrefixBatchingConfig().num_shards
@@ -120,6 +122,7 @@ def main(argv=None) -> int:
           'machine': f'{platform.machine()}, {os.cpu_count()} cores',
           'python': platform.python_version(),
           'beam_tree_commit': commit,
+          'beam_tree_object': tree_object,
           'packages': versions(),
           'default_num_shards': policies.describe(default_spec),
           'default_is_two_stage': policies.is_two_stage(default_spec),

@@ -84,8 +84,8 @@ def _table(section, name='default'):
 def _run(results):
   meta, v = results['meta'], results['v4']['meta']
   return (
-      f'Run: `{meta["command"]}` on the tree at '
-      f'`{meta["beam_tree_commit"][:12]}`, {v["placements"]} placements '
+      f'Run: `{meta["command"]}` on {v4_summary.tree_text(meta)}, '
+      f'{v["placements"]} placements '
       f'(evaluation seeds x salts) per point, C = {v["cache_tokens"]} '
       f'tokens per worker, {v["rate_per_worker"]} requests/s per worker, '
       'scored in steady state over '
@@ -286,7 +286,7 @@ def readme_why(results) -> str:
   return '\n'.join([
       '`PrefixBatchingConfig()`\'s throughput over 2.77.0\'s batching in a '
       'simulated fleet of GPU-sized LLM workers with prefix caches (benchmark '
-      f'v4 on `{results["meta"]["beam_tree_commit"][:12]}`, medians over '
+      f'v4 on {v4_summary.tree_text(results["meta"])}, medians over '
       f'{" to ".join(str(n) for n in placements)} placements; the bound is '
       'what no router could beat in this model):',
       '',

@@ -80,7 +80,8 @@ def _meta(results):
       f'{meta["duration_s"]:.0f} s on {meta["machine"]}, Python '
       f'{meta["python"]}.',
       '',
-      f'Patched tree (build/beam) at commit `{meta["beam_tree_commit"]}`; '
+      f'Patched tree (build/beam) at commit `{meta["beam_tree_commit"]}`'
+      f'{v4_summary.tree_object_text(meta)}; '
       f'`PrefixBatchingConfig()` defaults to num_shards '
       f'`{meta["default_num_shards"]}` (`default`); `adaptive_v3` is that '
       'policy as benchmark v4 first measured it (0011 before issue 24: '

@@ -111,6 +111,18 @@ def test_report_shows_the_results_figures():
   assert f'batches of {meta["batch_sizes"][0]}' in text
 
 
+def test_report_cites_the_tree_object_when_the_run_recorded_it():
+  # A build's commit depends on who built it; the tree object does not.
+  results = small_results()
+  assert 'tree object' not in report.render(results)
+  assert v4_summary.tree_text(results['meta']) == ('the tree at `abc123def456`')
+  results['meta']['beam_tree_object'] = '0123456789abcdef'
+  assert 'commit `abc123def4567890` (tree object `0123456789abcdef`' in (
+      report.render(results))
+  assert v4_summary.tree_text(
+      results['meta']) == ('the tree object `0123456789ab`')
+
+
 def test_write_puts_results_report_and_plot_side_by_side(tmp_path):
   results = small_results()
   report.write(results, tmp_path)

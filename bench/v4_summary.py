@@ -251,6 +251,24 @@ def window_text(meta, name='10s') -> str:
       seconds, (int, float)) else 'the whole run'
 
 
+def tree_text(meta) -> str:
+  """The patched tree the run measured, as figures cite it: its tree
+  object, the same in every build of the same patches, or, in runs from
+  before it was recorded, the commit of the build that ran them, which
+  depends on who built it."""
+  tree = meta.get('beam_tree_object')
+  if tree:
+    return f'the tree object `{tree[:12]}`'
+  return f'the tree at `{meta["beam_tree_commit"][:12]}`'
+
+
+def tree_object_text(meta) -> str:
+  """' (tree object ...)' for a run that recorded it, else ''."""
+  tree = meta.get('beam_tree_object')
+  return f' (tree object `{tree}`, that of every build of its patches)' if (
+      tree) else ''
+
+
 def goals(section, name='default') -> dict:
   """Where a strategy meets and misses the goals of issue 23, and where it
   is below 0.97 scored over 2 s windows, against 2.77.0's stateless path
