@@ -129,12 +129,11 @@ def _pytest_runs(
 def module_targets(test_modules: list[str],
                    pytest_args: list[str]) -> list[str]:
   """What pytest runs for the whole modules: pytest_args alone when they
-  name a test (a path, a .py file or a node id), else test_modules with
-  pytest_args added, so that `-k Keyed` narrows the modules."""
-  named = [
-      arg for arg in pytest_args if not arg.startswith('-') and
-      ('/' in arg or '::' in arg or arg.endswith('.py'))
-  ]
+  start with the tests to run (paths, .py files or node ids, before any
+  option), else test_modules with pytest_args added, so that `-k Keyed`
+  narrows the modules. An option's value, such as --deselect's, names no
+  test to run."""
+  named = bool(pytest_args) and not pytest_args[0].startswith('-')
   return list(pytest_args) if named else test_modules + list(pytest_args)
 
 

@@ -152,6 +152,13 @@ def test_options_narrow_the_modules_and_paths_replace_them():
   for named in (['apache_beam/c_test.py', '-k', 'Batch'], ['c_test.py'],
                 ['apache_beam/c_test.py::CTest::test_c']):
     assert suite.module_targets(modules, named) == named
+  # Options' values name no test to run.
+  for options in (['--deselect',
+                   'apache_beam/a_test.py::ATest::test_a'], ['-k',
+                                                             'Keyed',
+                                                             '--basetemp',
+                                                             '/tmp/x']):
+    assert suite.module_targets(modules, options) == modules + options
 
 
 def test_heads_test_each_pull_request_alone(tmp_path, index, capsys):
