@@ -866,8 +866,9 @@ class PrometheusNumLoadedModelsPublisher:
   fails once ``alive`` says the server has exited ends the thread without
   publishing 0, since a restarted server's publisher may take over the
   estimator. In a process, only the publisher that started last under a tag
-  publishes: starting one ends any other under its tag, which publishes
-  nothing more, not even 0. A model that RunInference's side input updates
+  publishes: starting one ends any other under its tag (``replaced``),
+  which publishes no value more, not even 0 (its last scrape still counts
+  its server's counters). A model that RunInference's side input updates
   gets a new server, and the old one may still run.
 
   Args:
@@ -1019,6 +1020,12 @@ class PrometheusNumLoadedModelsPublisher:
   def value(self) -> Optional[int]:
     """The value published last, or None before the first."""
     return self._value
+
+  @property
+  def replaced(self) -> bool:
+    """Whether a publisher that started under its tag ended this one."""
+    with self._lock:
+      return self._replaced
 
   @property
   def running(self) -> bool:

@@ -1740,6 +1740,7 @@ class ThreadTest(unittest.TestCase):
     new = self.start(self.serve(lambda: vllm_text(24, 24)).url, tag=tag)
     old._thread.join(5)
     self.assertFalse(old.running)
+    self.assertEqual((old.replaced, new.replaced), (True, False))
     before = num_loaded_models(tag)
     for _ in range(8):
       new.batch_started(6)
@@ -1994,7 +1995,9 @@ class SampleLinesTest(unittest.TestCase):
     self.assertEqual(self.read(page), [scrape(32, 16, finished=1000)])
 
   def test_label_values_may_hold_braces_spaces_and_quotes(self):
-    labels = r'model_name="a} 5 # {\"b\"} 7",engine="0"'
+    # An escaped quote does not end the value: the brace after it is the
+    # value's, as are the spaces and the ' # '.
+    labels = r'model_name="a\"} 5 # {b} 7",engine="0"'
     page = vllm_text(32, 16).replace(LABELS, labels)
     self.assertEqual(self.read(page), [scrape(32, 16)])
 
