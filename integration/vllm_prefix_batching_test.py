@@ -64,7 +64,7 @@ from apache_beam.ml.inference.base import RunInference
 from apache_beam.ml.inference.prefix_batching import PrefixBatchingConfig
 from apache_beam.ml.inference.prefix_batching import PromptPrefixKeyFn
 from apache_beam.ml.inference.vllm_inference import VLLMCompletionsModelHandler
-from apache_beam.ml.inference.vllm_inference import _vllm_default_max_num_seqs
+from apache_beam.ml.inference.vllm_inference import _ask_vllm_default_max_num_seqs
 from apache_beam.testing.test_pipeline import TestPipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -239,7 +239,7 @@ class VLLMPrefixBatchingTest(unittest.TestCase):
     which the handler looked up since its vllm_server_kwargs set none."""
     # Asked again, uncached, to time what the lookup costs a worker.
     started = time.monotonic()
-    looked_up = _vllm_default_max_num_seqs.__wrapped__(1)
+    looked_up = _ask_vllm_default_max_num_seqs.__wrapped__(1)
     lookup_secs = time.monotonic() - started
     started_with = _server_flag(self.port, '--max-num-seqs')
     self._report(
