@@ -1888,6 +1888,19 @@ class _RecordingEstimator(CapacityEstimator):
     super().observe(now, scrape)
 
 
+def scrapes_of(page):
+  """What a publisher tells its estimator from one poll of page."""
+  estimator = _RecordingEstimator()
+  publisher = PrometheusNumLoadedModelsPublisher(
+      'http://a/metrics',
+      'tag',
+      VLLM_NAMES,
+      estimator=estimator,
+      fetch=lambda url: page)
+  publisher._poll()
+  return estimator.scrapes
+
+
 class FormerNamesTest(unittest.TestCase):
   """A server from before its metrics were renamed: vLLM's page before
   kv_cache_usage_perc and prefix_cache_* were renamed from gpu_*."""
@@ -1953,35 +1966,18 @@ class EnginesTest(unittest.TestCase):
             finished=finished).replace('engine="0"', f'engine="{engine}"')
         for engine, (running, waiting, usage, preemptions,
                      finished) in enumerate(engines))
-    estimator = _RecordingEstimator()
-    publisher = PrometheusNumLoadedModelsPublisher(
-        'http://a/metrics',
-        'tag',
-        VLLM_NAMES,
-        estimator=estimator,
-        fetch=lambda url: page)
-    publisher._poll()
     # Saturation is read where the fullest engine's cache is full: with the
     # load spread evenly, the usage per batch in flight over the whole
     # server gives the server's capacity, and with it uneven, less.
     self.assertEqual(
-        estimator.scrapes,
+        scrapes_of(page),
         [scrape(72, 16, usage=0.95, preemptions=3, finished=180)])
 
 
 class SampleLinesTest(unittest.TestCase):
   """Lines of a page that a reader splitting on the last brace or on spaces
   would misread."""
-  def read(self, page):
-    estimator = _RecordingEstimator()
-    publisher = PrometheusNumLoadedModelsPublisher(
-        'http://a/metrics',
-        'tag',
-        VLLM_NAMES,
-        estimator=estimator,
-        fetch=lambda url: page)
-    publisher._poll()
-    return estimator.scrapes
+  read = staticmethod(scrapes_of)
 
   def test_an_exemplar_is_not_read_as_the_value(self):
     # OpenMetrics puts an exemplar, with labels and a value of its own,
