@@ -1061,12 +1061,13 @@ class PrometheusNumLoadedModelsPublisher:
           target=self._run,
           name=f'PrometheusNumLoadedModelsPublisher-{self._tag}',
           daemon=True)
+    # Started first: a publisher whose thread cannot start ends no other.
+    self._thread.start()
     with _PUBLISHERS_LOCK:
       replaced = _PUBLISHERS.get(self._tag)
       _PUBLISHERS[self._tag] = self
     if replaced is not None:
       replaced._make_way()
-    self._thread.start()
 
   def _make_way(self) -> None:
     """Ends the polling thread, without waiting, for a publisher that
@@ -1091,8 +1092,9 @@ class PrometheusNumLoadedModelsPublisher:
     if self._finalizer is not None:
       self._finalizer.detach()
     thread = self._thread
-    if (thread is None or thread is threading.current_thread() or
-        sys.is_finalizing()):
+    # A thread that never started (start() failed) has no ident.
+    if (thread is None or thread.ident is None or
+        thread is threading.current_thread() or sys.is_finalizing()):
       return
     thread.join(_STOP_GRACE_SECS)
     if thread.is_alive():

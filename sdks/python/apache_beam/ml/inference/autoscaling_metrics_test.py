@@ -29,6 +29,7 @@ import threading
 import time
 import unittest
 import uuid
+from unittest import mock
 
 from apache_beam.metrics.execution import MetricsEnvironment
 from apache_beam.metrics.metricbase import MetricName
@@ -1757,6 +1758,23 @@ class ThreadTest(unittest.TestCase):
     self.assertEqual(old.value, 5)
     new.stop()
     self.assertEqual(num_loaded_models(tag).min, 0)
+
+  def test_a_publisher_whose_thread_cannot_start_ends_no_other(self):
+    tag = uuid.uuid4().hex
+    url = self.serve(lambda: vllm_text(32, 16)).url
+    old = self.start(url, tag=tag)
+    start = threading.Thread.start
+
+    def cannot_start_publishers(thread):
+      if thread.name.startswith('PrometheusNumLoadedModelsPublisher'):
+        raise RuntimeError("can't start new thread")
+      start(thread)
+
+    with mock.patch.object(threading.Thread, 'start', cannot_start_publishers):
+      with self.assertRaisesRegex(RuntimeError, "can't start"):
+        self.start(url, tag=tag)
+    self.assertTrue(old.running)
+    self.assertFalse(old.replaced)
 
   def test_stop_is_quick_against_slow_servers(self):
     big = vllm_text(1, 0) + '# padding\n' * ((8 << 20) // 10)
