@@ -1001,6 +1001,8 @@ class PrometheusNumLoadedModelsPublisher:
     self._socket: Optional[socket.socket] = None
     self._aborted = False
     self._replaced = False
+    # Set when the thread ends because its server exited.
+    self._ended = False
     self._problem: Optional[str] = None
     self._why: Optional[str] = None
     self._value: Optional[int] = None
@@ -1045,12 +1047,20 @@ class PrometheusNumLoadedModelsPublisher:
     with self._lock:
       self._estimator.batch_finished(self._clock(), batch)
 
-  def set_metrics_url(self, metrics_url: str) -> None:
+  def set_metrics_url(self, metrics_url: str) -> bool:
     """Points the publisher at a restarted server. What it measured is kept;
-    the new server's counters count from its start."""
+    the new server's counters count from its start.
+
+    Returns:
+      False, changing nothing, once the thread has ended or is ending (its
+      server exited, or it was stopped): a new publisher must take over then.
+    """
     _check_name('metrics_url', metrics_url)
     with self._lock:
+      if self._ended or self._stopping.is_set():
+        return False
       self._url = metrics_url
+      return True
 
   def start(self) -> None:
     """Starts the polling thread; a publisher starts once."""
@@ -1115,8 +1125,10 @@ class PrometheusNumLoadedModelsPublisher:
         pass
 
   def _run(self) -> None:
-    exited = False
-    while not exited:
+    while True:
+      with self._lock:
+        url = self._url
+      exited = False
       try:
         exited = not self._poll()
       except Exception:  # pylint: disable=broad-except
@@ -1126,9 +1138,15 @@ class PrometheusNumLoadedModelsPublisher:
           # Its owner stopped the server: nothing takes the value over.
           self._publish(0)
           break
+        with self._lock:
+          if self._url != url:
+            # The server restarted while this poll failed: poll the new one.
+            continue
+          self._ended = True
         # Not 0: a restarted server's publisher takes over the estimator
         # and its value.
         _LOGGER.info('Publisher %s stops: its server has exited.', self._tag)
+        break
       elif self._stopping.wait(self._config.poll_interval_secs):
         try:
           # Counter increases since the last poll, e.g. of the last batches.

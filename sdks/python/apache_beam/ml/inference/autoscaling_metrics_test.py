@@ -1839,6 +1839,33 @@ class ThreadTest(unittest.TestCase):
     alive.clear()
     self.wait_until(lambda: not publisher.running, 'the thread ends')
     self.assertIsNone(publisher.value)
+    # A restarted server needs a new publisher: this one refuses its URL.
+    self.assertFalse(publisher.set_metrics_url(url))
+
+  def test_a_server_restarted_as_its_exit_is_seen_is_polled(self):
+    # The scrape of the old server fails and its process reads as exited;
+    # the restart gives the publisher the new server's URL before the thread
+    # acts on that. It polls the new server instead of ending.
+    listener = socket.socket()
+    listener.bind(('127.0.0.1', 0))
+    url = 'http://127.0.0.1:%d/metrics' % listener.getsockname()[1]
+    listener.close()
+    checking, restarted = threading.Event(), threading.Event()
+
+    def alive():
+      checking.set()
+      restarted.wait(60)
+      return False
+
+    publisher = self.start(url, alive=alive)
+    self.wait_until(checking.is_set, 'the exit is seen')
+    server = self.serve(lambda: vllm_text(32, 16))
+    self.assertTrue(publisher.set_metrics_url(server.url))
+    restarted.set()
+    self.wait_until(lambda: server.scrapes >= 2, 'the new server polled')
+    self.assertTrue(publisher.running)
+    publisher.stop()
+    self.assertFalse(publisher.set_metrics_url(server.url))
 
   def test_thread_stops_when_its_owner_is_collected(self):
     class Owner:

@@ -62,6 +62,14 @@ def _identity(element):
   return element
 
 
+def _shown(value: Any) -> str:
+  """A bad value, shortened, and its type, for an error message."""
+  text = repr(value)
+  if len(text) > 60:
+    text = text[:57] + '...'
+  return f'{text} of type {type(value).__name__}'
+
+
 def _check_prefix_char_len(prefix_char_len, key_fn_class=None):
   if (isinstance(prefix_char_len, bool) or
       not isinstance(prefix_char_len, numbers.Integral)):
@@ -175,8 +183,7 @@ class PromptPrefixKeyFn(_PrefixKeyFn):
   def __call__(self, prompt: str) -> str:
     if not isinstance(prompt, str):
       raise TypeError(
-          'PromptPrefixKeyFn keys str prompts, got a '
-          f'{type(prompt).__name__}.')
+          f'PromptPrefixKeyFn keys str prompts, got {_shown(prompt)}.')
     return self._cut(prompt)
 
 
@@ -206,8 +213,8 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
   def __call__(self, messages: Sequence[Any]) -> tuple[str, str]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
       raise TypeError(
-          'ChatPrefixKeyFn keys a sequence of chat messages, got a '
-          f'{type(messages).__name__}.')
+          'ChatPrefixKeyFn keys a sequence of chat messages, got '
+          f'{_shown(messages)}.')
     if not messages:
       raise ValueError('ChatPrefixKeyFn cannot key an empty conversation.')
     role, content = self._role_and_content(messages[0])
@@ -227,7 +234,7 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
     else:
       raise TypeError(
           'ChatPrefixKeyFn needs chat messages with role and content, as '
-          f'dicts or attributes, got a {type(message).__name__}.')
+          f'dicts or attributes, got {_shown(message)}.')
     if not isinstance(role, str):
       raise TypeError(
           f'ChatPrefixKeyFn needs a str role, got {role!r} in a message.')
@@ -249,7 +256,7 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
       return ''.join(pieces)
     raise TypeError(
         'ChatPrefixKeyFn needs message content that is a str, None or a '
-        f'list of content parts, got a {type(content).__name__}.')
+        f'list of content parts, got {_shown(content)}.')
 
   def _part_text(self, part) -> str:
     part_type = part.get('type') if isinstance(part, Mapping) else None

@@ -111,12 +111,13 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
     self.assertEqual(key_fn(_NoFullScan('ab\n\n' + 'y' * (8 << 20))), 'ab')
 
   @parameterized.expand([
-      param(b'bytes', 'bytes'),
-      param(None, 'NoneType'),
-      param(['a'], 'list'),
+      param(b'bytes', r"got b'bytes' of type bytes\.$"),
+      param(None, r'got None of type NoneType\.$'),
+      param(['a'], r"got \['a'\] of type list\.$"),
+      param(['a' * 100], r"got \['a{55}\.\.\. of type list\.$"),
   ])
-  def test_non_str_prompts_are_refused(self, prompt, type_name):
-    with self.assertRaisesRegex(TypeError, f'got a {type_name}'):
+  def test_non_str_prompts_are_refused(self, prompt, message):
+    with self.assertRaisesRegex(TypeError, message):
       PromptPrefixKeyFn()(prompt)
 
   @parameterized.expand([
@@ -274,19 +275,29 @@ class ChatPrefixKeyFnTest(unittest.TestCase):
     self.assertEqual(ChatPrefixKeyFn()(blank_line), ('system', 'a\n\nb'))
 
   @parameterized.expand([
-      param('a str', 'hello', TypeError, 'got a str'),
-      param('a dict', dict(role='user'), TypeError, 'got a dict'),
-      param('None', None, TypeError, 'got a NoneType'),
+      param('a str', 'hello', TypeError, "got 'hello' of type str"),
+      param(
+          'a dict',
+          dict(role='user'),
+          TypeError,
+          "got {'role': 'user'} of type dict"),
+      param('None', None, TypeError, 'got None of type NoneType'),
       param('empty', [], ValueError, 'empty conversation'),
       param('no role', [dict(content='x')], ValueError, r"keys \['content'\]"),
       param('no content', [dict(role='x')], ValueError, r"keys \['role'\]"),
-      param('a bare str message', ['hello'], TypeError, 'got a str'),
-      param('a tuple message', [('user', 'hi')], TypeError, 'got a tuple'),
+      param(
+          'a bare str message', ['hello'], TypeError,
+          "got 'hello' of type str"),
+      param(
+          'a tuple message', [('user', 'hi')],
+          TypeError,
+          r"got \('user', 'hi'\) of type tuple"),
       param(
           'a non-str role', [dict(role=1, content='x')], TypeError, 'str role'),
       param(
-          'int content', [dict(role='user', content=5)], TypeError,
-          'got a int'),
+          'int content', [dict(role='user', content=5)],
+          TypeError,
+          'got 5 of type int'),
       param(
           'a part without type', [dict(role='user', content=[dict(text='x')])],
           TypeError,
