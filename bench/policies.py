@@ -117,7 +117,7 @@ class CopiedShards:
 # 0011's _COLD_MIN_SPAN_PERIODS.
 COLD_MIN_SPAN_PERIODS = 4
 # 0011's _ColdKeys doubles a process's cold slots once each would fill this
-# many batches (of the batch size) per buffering period.
+# many batches (of max_batch_size, the batch size here) per buffering period.
 COLD_SPLIT_FILLS = 4
 
 
