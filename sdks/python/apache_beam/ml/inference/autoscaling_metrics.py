@@ -865,8 +865,10 @@ class PrometheusNumLoadedModelsPublisher:
   does; so does the collection of ``owner``, without waiting. A scrape that
   fails once ``alive`` says the server has exited ends the thread without
   publishing 0, since a restarted server's publisher may take over the
-  estimator. In a process, only the publisher that started last under a tag
-  publishes: starting one ends any other under its tag (``replaced``),
+  estimator, unless ``set_metrics_url`` was called meanwhile; once the
+  thread ends, ``set_metrics_url`` refuses a new URL. In a process, only
+  the publisher that started last under a tag publishes: starting one
+  ends any other under its tag (``replaced``),
   which publishes no value more, not even 0 (its last scrape still counts
   its server's counters). A model that RunInference's side input updates
   gets a new server, and the old one may still run.
@@ -1003,6 +1005,8 @@ class PrometheusNumLoadedModelsPublisher:
     self._replaced = False
     # Set when the thread ends because its server exited.
     self._ended = False
+    # How many times set_metrics_url gave a URL, the same one included.
+    self._urls_set = 0
     self._problem: Optional[str] = None
     self._why: Optional[str] = None
     self._value: Optional[int] = None
@@ -1060,6 +1064,7 @@ class PrometheusNumLoadedModelsPublisher:
       if self._ended or self._stopping.is_set():
         return False
       self._url = metrics_url
+      self._urls_set += 1
       return True
 
   def start(self) -> None:
@@ -1127,7 +1132,7 @@ class PrometheusNumLoadedModelsPublisher:
   def _run(self) -> None:
     while True:
       with self._lock:
-        url = self._url
+        urls_set = self._urls_set
       exited = False
       try:
         exited = not self._poll()
@@ -1139,8 +1144,9 @@ class PrometheusNumLoadedModelsPublisher:
           self._publish(0)
           break
         with self._lock:
-          if self._url != url:
-            # The server restarted while this poll failed: poll the new one.
+          if self._urls_set != urls_set:
+            # The server restarted while this poll failed (at the same URL,
+            # maybe): poll the new one.
             continue
           self._ended = True
         # Not 0: a restarted server's publisher takes over the estimator

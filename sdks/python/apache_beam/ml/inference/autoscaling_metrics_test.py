@@ -1867,6 +1867,27 @@ class ThreadTest(unittest.TestCase):
     publisher.stop()
     self.assertFalse(publisher.set_metrics_url(server.url))
 
+  def test_a_server_restarted_at_its_url_as_its_exit_is_seen_is_polled(self):
+    # As above, but the restarted server got the old one's port back.
+    checking, restarted = threading.Event(), threading.Event()
+    state = {'up': False}
+
+    def alive():
+      checking.set()
+      restarted.wait(60)
+      return False
+
+    server = self.serve(lambda: vllm_text(32, 16) if state['up'] else None)
+    publisher = self.start(server.url, alive=alive)
+    self.wait_until(checking.is_set, 'the exit is seen')
+    self.assertTrue(publisher.set_metrics_url(server.url))
+    state['up'] = True
+    scrapes = server.scrapes
+    restarted.set()
+    self.wait_until(
+        lambda: server.scrapes >= scrapes + 2, 'the new server polled')
+    self.assertTrue(publisher.running)
+
   def test_thread_stops_when_its_owner_is_collected(self):
     class Owner:
       pass

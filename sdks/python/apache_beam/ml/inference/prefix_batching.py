@@ -30,6 +30,7 @@ chat conversations (:class:`ChatPrefixKeyFn`), and
 
 import dataclasses
 import numbers
+import reprlib
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -62,12 +63,15 @@ def _identity(element):
   return element
 
 
+# Shortens the values that error messages about elements show.
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 60
+
+
 def _shown(value: Any) -> str:
-  """A bad value, shortened, and its type, for an error message."""
-  text = repr(value)
-  if len(text) > 60:
-    text = text[:57] + '...'
-  return f'{text} of type {type(value).__name__}'
+  """A bad value of an element, shortened, and its type, for an error
+  message."""
+  return f'{_SHORT_REPR.repr(value)} of type {type(value).__name__}'
 
 
 def _check_prefix_char_len(prefix_char_len, key_fn_class=None):
@@ -237,7 +241,7 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
           f'dicts or attributes, got {_shown(message)}.')
     if not isinstance(role, str):
       raise TypeError(
-          f'ChatPrefixKeyFn needs a str role, got {role!r} in a message.')
+          f'ChatPrefixKeyFn needs a str role, got {_shown(role)} in a message.')
     # As the plain str it holds: a str Enum or subclass has no deterministic
     # encoding of its own, or one that differs between workers.
     return str.__str__(role), content
@@ -263,13 +267,13 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
     if not isinstance(part_type, str):
       raise TypeError(
           'ChatPrefixKeyFn needs content parts that are dicts with a '
-          f'"type", got {part!r:.80}.')
+          f'"type", got {_shown(part)}.')
     if part_type == 'text':
       text = part.get('text')
       if not isinstance(text, str):
         raise TypeError(
             f'ChatPrefixKeyFn needs a str "text" in a text part, got '
-            f'{text!r:.80}.')
+            f'{_shown(text)}.')
       return text[:self._window]
     return f'<{part_type}>'
 

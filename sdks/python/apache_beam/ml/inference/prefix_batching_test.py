@@ -40,6 +40,12 @@ except ImportError:
   OpenAIChatMessage = None  # type: ignore[assignment,misc]
 
 
+class _BadRepr(object):
+  """A value whose repr fails."""
+  def __repr__(self):
+    raise RuntimeError('no repr')
+
+
 class _NoFullScan(str):
   """A prompt that fails the test if it is searched as a whole."""
   def _searched(self, *unused_args, **unused_kwargs):
@@ -114,7 +120,12 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
       param(b'bytes', r"got b'bytes' of type bytes\.$"),
       param(None, r'got None of type NoneType\.$'),
       param(['a'], r"got \['a'\] of type list\.$"),
-      param(['a' * 100], r"got \['a{55}\.\.\. of type list\.$"),
+      param(['a' * 100], r"got \['a{27}\.\.\.a{28}'\] of type list\.$"),
+      # A repr that fails leaves the message as it is.
+      param(
+          _BadRepr(),
+          r'got <_BadRepr instance at 0x[0-9a-f]+> of type '
+          r'_BadRepr\.$'),
   ])
   def test_non_str_prompts_are_refused(self, prompt, message):
     with self.assertRaisesRegex(TypeError, message):
@@ -293,7 +304,9 @@ class ChatPrefixKeyFnTest(unittest.TestCase):
           TypeError,
           r"got \('user', 'hi'\) of type tuple"),
       param(
-          'a non-str role', [dict(role=1, content='x')], TypeError, 'str role'),
+          'a non-str role', [dict(role=1, content='x')],
+          TypeError,
+          'str role, got 1 of type int in a message'),
       param(
           'int content', [dict(role='user', content=5)],
           TypeError,
@@ -301,12 +314,12 @@ class ChatPrefixKeyFnTest(unittest.TestCase):
       param(
           'a part without type', [dict(role='user', content=[dict(text='x')])],
           TypeError,
-          'with a "type"'),
+          r'with a "type", got {\'text\': \'x\'} of type dict\.$'),
       param(
           'a text part without text',
           [dict(role='user', content=[dict(type='text')])],
           TypeError,
-          'str "text"'),
+          'str "text" in a text part, got None of type NoneType'),
   ])
   def test_unknown_shapes_are_refused(
       self, unused_name, messages, error, message):
