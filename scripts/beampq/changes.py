@@ -59,6 +59,21 @@ class Entry:
   pull_request: str
 
 
+def _unreleased(lines: list[str]) -> int | None:
+  """The index of the first "# [x.y.z] - Unreleased" heading outside HTML
+  comments: Beam's CHANGES.md opens with a commented-out template section
+  whose heading has that form too."""
+  commented = False
+  for i, line in enumerate(lines):
+    if commented:
+      commented = '-->' not in line
+    elif line.lstrip().startswith('<!--'):
+      commented = '-->' not in line
+    elif UNRELEASED.match(line):
+      return i
+  return None
+
+
 def read(path: Path) -> list[Entry]:
   """The entries of the top Unreleased section of our CHANGES.md."""
   if not path.is_file():
@@ -68,8 +83,7 @@ def read(path: Path) -> list[Entry]:
 
 def parse(text: str, name: str = 'CHANGES.md') -> list[Entry]:
   lines = text.splitlines()
-  start = next((i for i, line in enumerate(lines) if UNRELEASED.match(line)),
-               None)
+  start = _unreleased(lines)
   if start is None:
     raise Error(f'{name} has no "# [x.y.z] - Unreleased" section')
   entries: list[Entry] = []
@@ -156,8 +170,7 @@ def insert(text: str, entries: Iterable[Entry]) -> tuple[str, int]:
   there are not added again. Returns the new text and how many were added.
   """
   lines = text.splitlines()
-  start = next((i for i, line in enumerate(lines) if UNRELEASED.match(line)),
-               None)
+  start = _unreleased(lines)
   if start is None:
     raise Error('CHANGES.md has no "# [x.y.z] - Unreleased" section')
   end = next(

@@ -149,10 +149,12 @@ def test_insert_replaces_templates_and_keeps_bugfixes_last():
   text, added = changes.insert(
       testing.UPSTREAM_CHANGES, changes.parse(testing.CHANGES))
   assert added == 2
-  unreleased, released = text.split('# [9.8.0]')
+  template, section = text.split('# [9.9.0] - Unreleased\n')
+  assert template == testing.UPSTREAM_TEMPLATE, 'the commented one stays'
+  unreleased, released = section.split('# [9.8.0]')
   assert '* (Python) Added a thing' in unreleased
   assert 'X feature added' not in unreleased, 'the template entry goes'
-  assert '<!--' not in unreleased.replace('<!-- license -->', '')
+  assert '<!--' not in unreleased
   bugfixes = unreleased.split('## Bugfixes')[1].split('##')[0].strip()
   assert bugfixes.splitlines() == [
       '* (Java) Fixed something else '

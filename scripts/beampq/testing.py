@@ -51,8 +51,25 @@ CHANGES = """\
 <!-- pull request: fix -->
 * (Python) Fixed a bug ([#2](https://github.com/apache/beam/issues/2)).
 """
-UPSTREAM_CHANGES = """\
+# Beam's CHANGES.md opens with its template section commented out.
+UPSTREAM_TEMPLATE = """\
 <!-- license -->
+
+<!-- Template -->
+<!--
+# [9.X.0] - Unreleased
+
+## Highlights
+
+* New highly anticipated feature X added to Python SDK ([#X](https://github.com/apache/beam/issues/X)).
+
+## Bugfixes
+
+* Fixed X (Java/Python) ([#X](https://github.com/apache/beam/issues/X)).
+-->
+
+"""
+UPSTREAM_CHANGES = UPSTREAM_TEMPLATE + """\
 # [9.9.0] - Unreleased
 
 ## Highlights
