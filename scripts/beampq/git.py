@@ -154,15 +154,21 @@ def dirty_paths(repo: Path, isolated: bool = True) -> list[str]:
 
 
 def operation_in_progress(repo: Path) -> Optional[str]:
-  """The git operation (am, rebase, merge, cherry-pick) stopped half way in
-  repo, or None."""
+  """The git operation (am, rebase, merge, cherry-pick, bisect) stopped half
+  way in repo, or None."""
   git_dir = Path(output('rev-parse', '--absolute-git-dir', cwd=repo))
   for name, what in (('rebase-apply', 'git am or rebase'),
                      ('rebase-merge', 'rebase'), ('MERGE_HEAD', 'merge'),
-                     ('CHERRY_PICK_HEAD', 'cherry-pick')):
+                     ('CHERRY_PICK_HEAD', 'cherry-pick'),
+                     ('BISECT_LOG', 'bisect')):
     if (git_dir / name).exists():
       return what
   return None
+
+
+def current_branch(repo: Path) -> str:
+  """The branch checked out in repo; '' at a detached HEAD."""
+  return output('branch', '--show-current', cwd=repo)
 
 
 def commits_since(repo: Path, since: str, until: str = 'HEAD') -> list[str]:
@@ -293,7 +299,7 @@ def side_work(repo: Path, own_tags: tuple[str, ...] = ()) -> list[str]:
   stashes = output('stash', 'list', cwd=repo).splitlines()
   if stashes:
     found.append('1 stash' if len(stashes) == 1 else f'{len(stashes)} stashes')
-  current = output('branch', '--show-current', cwd=repo)
+  current = current_branch(repo)
   branches = [
       b for b in output(
           'for-each-ref', '--format=%(refname:short)', 'refs/heads',

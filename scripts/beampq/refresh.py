@@ -31,6 +31,11 @@ from beampq import series as series_model
 from beampq import state
 from beampq.project import Project
 from beampq.tree import BASE_TAG
+from beampq.tree import BRANCH
+
+# The subjects git commit --fixup and --squash give, for rebase
+# --autosquash to fold into an earlier commit.
+_TO_SQUASH = ('fixup! ', 'squash! ', 'amend! ')
 
 
 def _format_patch(
@@ -145,6 +150,10 @@ def write_patches(
   made = []
   for number, commit in enumerate(git.commits_since(repo, base_commit), 1):
     subject = git.output('log', '-1', '--format=%s', commit, cwd=repo)
+    if subject.startswith(_TO_SQUASH):
+      raise Error(
+          f'"{subject}" is not squashed into its commit yet: run '
+          f'`git -C {repo} rebase -i --autosquash {BASE_TAG}` first')
     fields = git.output(
         'diff-tree',
         '-r',
@@ -212,6 +221,12 @@ def refresh(project: Project, force: bool = False):
     raise Error(
         f'a {in_progress} is in progress in {project.rel(tree)}; '
         'finish or abort it first')
+  branch = git.current_branch(tree)
+  if branch != BRANCH:
+    raise Error(
+        f'{project.rel(tree)} has {branch or "a detached HEAD"} checked out, '
+        f'not {BRANCH}: refresh writes back the queue on {BRANCH}, and would '
+        f'drop the patches after this commit (git checkout {BRANCH})')
   dirty = now.uncommitted
   if dirty:
     more = ', ...' if len(dirty) > 1 else ''

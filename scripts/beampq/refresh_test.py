@@ -184,6 +184,36 @@ def test_refresh_refuses_an_operation_in_progress(project):
     refresh.refresh(project)
 
 
+def test_refresh_refuses_a_bisect_in_progress(project):
+  tree_git(project, 'bisect', 'start')
+  with pytest.raises(Error, match='a bisect is in progress'):
+    refresh.refresh(project)
+
+
+@pytest.mark.parametrize(
+    'checkout, shown', [(('HEAD~1', ), 'a detached HEAD'),
+                        (('-b', 'other', 'HEAD~1'), 'other')])
+def test_refresh_refuses_a_head_other_than_the_queue(project, checkout, shown):
+  # From an earlier commit, the patches after it would be dropped.
+  before = {p.name: p.read_text() for p in project.patches.glob('*.patch')}
+  tree_git(project, 'checkout', '-q', *checkout)
+  with pytest.raises(Error, match=f'has {shown} checked out, not main'):
+    refresh.refresh(project)
+  assert {
+      p.name: p.read_text()
+      for p in project.patches.glob('*.patch')
+  } == before
+
+
+def test_refresh_refuses_an_unsquashed_fixup(project):
+  commit_in_tree(
+      project,
+      f'fixup! {project.read_series().patches[0].name}',
+      {'sdks/python/apache_beam/util.py': UTIL.replace('line 30\n', 'x\n')})
+  with pytest.raises(Error, match='is not squashed .*--autosquash base'):
+    refresh.refresh(project)
+
+
 def test_refresh_refuses_a_later_commit_that_deletes_a_new_file(follow_up):
   tree_git(follow_up, 'rm', '-q', MODULE_PATH)
   tree_git(follow_up, 'commit', '-qm', 'Drop mod')

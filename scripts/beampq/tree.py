@@ -39,6 +39,8 @@ from beampq.project import Project
 
 # The tag of the base commit in every tree: `git rebase -i base`.
 BASE_TAG = 'base'
+# The branch tree builds the queue on, and refresh writes back.
+BRANCH = 'main'
 # Who commits a tree where git knows nobody (a CI machine): building one
 # writes nothing in anyone's name, unlike export and apply.
 TREE_COMMITTER = git.Identity('beampq', 'beampq@localhost.invalid')
@@ -73,7 +75,7 @@ def build(project: Project, dest: Path, quiet: bool = False) -> str:
   committer = git.identity('COMMITTER', project.root, fallback=TREE_COMMITTER)
   say: Callable[..., None] = (lambda *a: None) if quiet else print
   dest.mkdir(parents=True)
-  git.run('init', '-q', '-b', 'main', cwd=dest)
+  git.run('init', '-q', '-b', BRANCH, cwd=dest)
   git.run('config', 'core.excludesFile', os.devnull, cwd=dest)
   (dest / '.git' / 'info').mkdir(exist_ok=True)
   (dest / '.git' / 'info' / 'exclude').write_text('\n'.join(TREE_EXCLUDES))
