@@ -55,7 +55,7 @@ def _format_range(repo: Path, since: str, until: str, out: Path) -> list[Path]:
   return sorted(out.glob('*.patch'))
 
 
-def _am(checkout: Path, patch: Path) -> Optional[str]:
+def _am(checkout: Path, patch: Path, committer: git.Identity) -> Optional[str]:
   """`git am -3 -k` of one patch in the user's checkout; returns None, or
   the file the patch failed on ('' when git does not say)."""
   result = git.attempt(
@@ -66,7 +66,8 @@ def _am(checkout: Path, patch: Path) -> Optional[str]:
       '--empty=keep',
       str(patch),
       cwd=checkout,
-      isolated=False)
+      isolated=False,
+      env=committer.env('COMMITTER'))
   if result.returncode == 0:
     return None
   # --quiet hides git's conflict lines; the index still names the files.
@@ -102,12 +103,23 @@ def _verify_checkout(project: Project, checkout: Path):
         'first')
 
 
+def _committer(project: Project, checkout: Path) -> git.Identity:
+  """Who commits in the user's checkout (and writes its CHANGES.md commit):
+  the identity git has there, else the one it has in this patch set's clone
+  (which export commits as)."""
+  try:
+    return git.identity('COMMITTER', checkout)
+  except Error:
+    return git.identity('COMMITTER', project.root)
+
+
 def apply(project: Project, checkout: Path):
   """Applies the whole queue to a Beam checkout with `git am -3 -k`, then
   adds our CHANGES.md entries in a commit of their own. On any failure the
   checkout is reset to where it was."""
   checkout = checkout.resolve()
   _verify_checkout(project, checkout)
+  committer = _committer(project, checkout)
   entries = changes.read(project.changes)
   original = git.output('rev-parse', 'HEAD', cwd=checkout, isolated=False)
   with tree.snapshot(project) as repo, \
@@ -115,7 +127,7 @@ def apply(project: Project, checkout: Path):
     patches = _format_range(repo, tree.BASE_TAG, 'HEAD', Path(scratch))
     try:
       for patch in patches:
-        failed = _am(checkout, patch)
+        failed = _am(checkout, patch, committer)
         if failed is not None:
           raise Error(
               f'{patch.name} does not apply to {checkout}'
@@ -134,7 +146,10 @@ def apply(project: Project, checkout: Path):
               '-m',
               'Add CHANGES.md entries for prefix-aware batching',
               cwd=checkout,
-              isolated=False)
+              isolated=False,
+              env={
+                  **committer.env('AUTHOR'), **committer.env('COMMITTER')
+              })
         note = f'CHANGES.md: {added} entries added to the Unreleased section'
     except BaseException:
       git.attempt('am', '--abort', cwd=checkout, isolated=False)

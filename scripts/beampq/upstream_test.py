@@ -116,6 +116,30 @@ def test_apply_leaves_the_checkout_as_it_was_on_failure(project, tmp_path):
   assert git.operation_in_progress(checkout) is None
 
 
+def test_apply_commits_as_the_clone_where_the_checkout_knows_nobody(
+    project, tmp_path, monkeypatch):
+  checkout = make_checkout(project, tmp_path / 'beam', testing.UPSTREAM_CHANGES)
+  # git knows nobody but in the patch set's clone, and guesses no one.
+  for name in testing.IDENTITY:
+    monkeypatch.delenv(name)
+  config = tmp_path / 'gitconfig'
+  config.write_text('[user]\n\tuseConfigOnly = true\n')
+  monkeypatch.setenv('GIT_CONFIG_GLOBAL', str(config))
+  monkeypatch.setenv('GIT_CONFIG_NOSYSTEM', '1')
+  git.run('init', '-q', cwd=project.root)
+  head = git.output('rev-parse', 'HEAD', cwd=checkout)
+  with pytest.raises(Error, match='git does not know who you are'):
+    upstream.apply(project, checkout)
+  assert git.output('rev-parse', 'HEAD', cwd=checkout) == head
+  git.run('config', 'user.name', 'Clone User', cwd=project.root)
+  git.run('config', 'user.email', 'clone@example.com', cwd=project.root)
+  upstream.apply(project, checkout)
+  assert git.output(
+      'log', '--format=%cn <%ce>', f'{head}..HEAD',
+      cwd=checkout).splitlines() == ['Clone User <clone@example.com>'] * 3
+  assert git.output('log', '-1', '--format=%an', cwd=checkout) == 'Clone User'
+
+
 def am(checkout, *patches):
   git.run('am', '-q', '-k', *map(str, patches), cwd=checkout, isolated=False)
 
