@@ -86,11 +86,17 @@ def run(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
   "fatal:" or "error:" line, else its last line)."""
   result = attempt(*args, cwd=cwd, **kwargs)
   if result.returncode != 0:
-    lines = (result.stderr or result.stdout).strip().splitlines()
-    errors = [l for l in lines if l.startswith(('fatal:', 'error:'))]
-    message = (errors or lines or [f'exit code {result.returncode}'])[-1]
-    raise Error(f'git {" ".join(args[:2])} failed in {cwd}: {message}')
+    raise Error(
+        f'git {" ".join(args[:2])} failed in {cwd}: {error_line(result)}')
   return result
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+  """What a failed git said went wrong: its last "fatal:" or "error:" line,
+  else its last line."""
+  lines = (result.stderr or result.stdout).strip().splitlines()
+  errors = [l for l in lines if l.startswith(('fatal:', 'error:'))]
+  return (errors or lines or [f'exit code {result.returncode}'])[-1]
 
 
 def output(*args: str, cwd: Path, **kwargs) -> str:

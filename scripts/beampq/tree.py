@@ -116,9 +116,7 @@ def build(project: Project, dest: Path, quiet: bool = False) -> str:
         env=committer.env('COMMITTER'))
     if applied.returncode != 0:
       git.attempt('am', '--abort', cwd=dest)
-      raise Error(
-          f'{label} does not apply: git am failed: '
-          f'{applied.stderr.strip().splitlines()[-1:]}')
+      raise Error(f'{label}: git am failed: {git.error_line(applied)}')
     for new_file in patch.new_files:
       target = dest / new_file
       if target.exists():

@@ -61,7 +61,8 @@ def test_tree_has_the_base_then_one_commit_per_patch(project):
 
 
 def test_tree_commits_are_the_users_and_dated_as_what_they_hold(project):
-  tree.update(project, force=True)
+  shutil.rmtree(project.tree)
+  tree.update(project)
   log = tree_git(project, 'log', '--reverse',
                  '--format=%an|%cn|%ce|%at|%ct').splitlines()
   base, *patches = [line.split('|') for line in log]
@@ -121,20 +122,26 @@ def test_a_tree_is_built_where_git_knows_nobody(project, tmp_path, monkeypatch):
 
 def test_rebuilt_tree_equals_the_refreshed_one(project):
   edited = tree_id(project.tree)
-  tree.update(project, force=True)
+  shutil.rmtree(project.tree)
+  tree.update(project)
   assert tree_id(project.tree) == edited
   check.check(project)
 
 
 def test_tree_is_reproducible_and_a_no_op_when_current(project, capsys):
-  tree.update(project, force=True)
-  rebuilt = tree_git(project, 'rev-parse', 'HEAD')
+  # The fixture's tree holds commits made in it and refreshed: build twice.
+  shutil.rmtree(project.tree)
+  tree.update(project)
+  built = tree_git(project, 'rev-parse', 'HEAD')
+  shutil.rmtree(project.tree)
+  tree.update(project)
+  assert tree_git(project, 'rev-parse', 'HEAD') == built
   capsys.readouterr()
   tree.update(project)
   assert 'up to date' in capsys.readouterr().out
-  assert tree_git(project, 'rev-parse', 'HEAD') == rebuilt
   tree.update(project, force=True)
-  assert tree_git(project, 'rev-parse', 'HEAD') == rebuilt
+  assert 'up to date' in capsys.readouterr().out
+  assert tree_git(project, 'rev-parse', 'HEAD') == built
 
 
 def test_tree_keeps_local_work(project):
@@ -295,6 +302,17 @@ def test_a_patch_that_does_not_apply_fails_and_leaves_no_tree(project):
   assert 'sdks/python/apache_beam/util.py' in str(raised.value)
   assert not project.tree.exists()
   assert [p.name for p in project.build.iterdir()] == ['cache']
+
+
+def test_a_patch_git_am_refuses_is_named_with_gits_reason(project):
+  # The diff applies, but git am needs the author the header names.
+  patch = project.patches / SECOND
+  patch.write_text(re.sub(r'(?m)^From: .*\n', '', patch.read_text(), count=1))
+  shutil.rmtree(project.tree)
+  with pytest.raises(
+      Error, match=f'^patches/{SECOND}: git am failed: (fatal|error): [^[]*$'):
+    tree.update(project)
+  assert not project.tree.exists()
 
 
 def test_a_failed_rebuild_keeps_the_previous_tree(project):
