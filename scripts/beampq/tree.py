@@ -236,9 +236,14 @@ def snapshot(project: Project) -> Iterator[Path]:
   """Yields a repository holding the queue exactly as patches/ and sdks/
   do: build/beam when it is current, else a temporary build (build/beam is
   left alone)."""
-  if state.tree_state(project).current:
+  now = state.tree_state(project)
+  if now.current:
     yield project.tree
     return
+  if now.local_work:
+    print(
+        f'beampq: {project.rel(project.tree)} has work not in patches/ '
+        f'({now.local_work[0]}); using patches/ (refresh first to use it)')
   project.build.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory(dir=project.build) as scratch:
     repo = Path(scratch) / 'beam'

@@ -140,6 +140,17 @@ def test_apply_commits_as_the_clone_where_the_checkout_knows_nobody(
   assert git.output('log', '-1', '--format=%an', cwd=checkout) == 'Clone User'
 
 
+def test_export_says_it_leaves_out_work_not_refreshed(
+    project, tmp_path, capsys):
+  testing.commit_in_tree(
+      project, 'Not refreshed', {'sdks/python/apache_beam/x.py': 'X = 1\n'})
+  capsys.readouterr()
+  upstream.export(project, tmp_path / 'out')
+  assert 'has work not in patches/ (HEAD moved to' in capsys.readouterr().out
+  squashed = (tmp_path / 'out' / 'feature' / 'squashed.patch').read_text()
+  assert 'apache_beam/x.py' not in squashed
+
+
 def am(checkout, *patches):
   git.run('am', '-q', '-k', *map(str, patches), cwd=checkout, isolated=False)
 
