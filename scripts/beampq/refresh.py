@@ -241,7 +241,7 @@ def refresh(project: Project, force: bool = False):
     raise Error(
         'patches/ or sdks/ changed since '
         f'{project.rel(tree)} was built or refreshed (edited, or pulled): '
-        f'refreshing would undo those changes. To keep them, {keep}; '
+        f'refreshing would undo those changes: {keep}; '
         '--force overwrites them with the tree\'s queue')
   with tempfile.TemporaryDirectory(dir=project.build) as scratch:
     out = Path(scratch)

@@ -92,7 +92,7 @@ def test_refresh_after_a_pull_says_how_to_keep_both(project):
   patch = project.patches / '0001-Python-Change-line-5.patch'
   patch.write_text(patch.read_text() + '\n')
   with pytest.raises(Error,
-                     match=r'undo those changes\. To keep them, to carry its '
+                     match=r'undo those changes: to carry its '
                      r'commits over a rebuild, run `git -C .* format-patch '
                      r'-k'):
     refresh.refresh(project)
