@@ -358,6 +358,11 @@ class PrefixBatchingConfig:
         PromptPrefixKeyFn; called with prefix_char_len and delimiters=
         unless key_fn is set.
     """
+    if isinstance(default_extractor, _PrefixKeyFn):
+      cls = type(default_extractor).__name__
+      raise TypeError(
+          f'default_extractor must be a key function factory such as {cls}, '
+          f'not a key function: pass {cls}, got {default_extractor!r}.')
     if self.key_fn is not None:
       return self.key_fn
     return default_extractor(

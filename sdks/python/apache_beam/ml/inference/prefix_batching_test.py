@@ -351,6 +351,17 @@ class PrefixBatchingConfigTest(unittest.TestCase):
         'delimiters': (':', )
     })])
 
+  def test_resolve_refuses_a_key_function_for_its_factory(self):
+    # The handlers' key_fn arguments take an instance; resolve the class.
+    for config in (PrefixBatchingConfig(),
+                   PrefixBatchingConfig(key_fn=str.lower)):
+      with self.assertRaisesRegex(
+          TypeError,
+          r'^default_extractor must be a key function factory such as '
+          r'PromptPrefixKeyFn, not a key function: pass PromptPrefixKeyFn, '
+          r'got PromptPrefixKeyFn\(prefix_char_len=256'):
+        config.resolve(PromptPrefixKeyFn())
+
   def test_overrides_reach_the_extractor(self):
     config = PrefixBatchingConfig(
         num_shards={'Pick one': 2},
