@@ -21,6 +21,7 @@ with the patched tree's."""
 
 import collections
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -31,19 +32,55 @@ from beampq import Error
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-  """One problem a tool reports: where, its code, and its message."""
+  """One problem a tool reports: where, its code, and its message; source is
+  the text of its line (with_source)."""
   path: str
   line: int
   code: str
   message: str
+  source: str = ''
 
   def key(self):
     """What identifies the finding across the base and the patched tree:
-    line numbers move when a patch adds lines above, so they are left out."""
-    return (self.path, self.code, re.sub(r'\(line \d+\)', '', self.message))
+    line numbers move when a patch adds lines above, so they are left out,
+    but the text of the line is in, so that one message repeated on other
+    lines (a tool's fixed wording) counts as another finding."""
+    return (
+        self.path,
+        self.code,
+        re.sub(r'\(line \d+\)', '', self.message),
+        self.source)
 
   def __str__(self):
     return f'{self.path}:{self.line}: {self.code} {self.message}'
+
+
+class _Lines:
+  """The lines of the files under sdk, read once each."""
+  def __init__(self, sdk: Path):
+    self._sdk = sdk
+    self._files: dict[str, list[str]] = {}
+
+  def __call__(self, path: str) -> list[str]:
+    if path not in self._files:
+      try:
+        self._files[path] = (self._sdk / path).read_text().splitlines()
+      except (OSError, UnicodeDecodeError):
+        self._files[path] = []
+    return self._files[path]
+
+
+def with_source(found: list[Finding], sdk: Path) -> list[Finding]:
+  """found, each with the stripped text of its line in the file under sdk
+  ('' where there is none)."""
+  lines = _Lines(sdk)
+  out = []
+  for finding in found:
+    text = lines(finding.path)
+    source = text[finding.line -
+                  1].strip() if 0 < finding.line <= len(text) else ''
+    out.append(dataclasses.replace(finding, source=source))
+  return out
 
 
 def added_findings(before: list[Finding],
@@ -83,15 +120,52 @@ def _in_sdk(path: str, sdk: Path) -> str:
   return os.path.relpath(path, sdk) if os.path.isabs(path) else path
 
 
+def _out_of_order(item, lines: list[str]) -> list[tuple[int, str]]:
+  """The lines, with their numbers, that ruff's fix of an unsorted import
+  block (I001) moves or rewrites: the block's lines that are not in the
+  longest run, in order, of lines the sorted block keeps."""
+  edits = (item.get('fix') or {}).get('edits') or []
+  if len(edits) != 1 or not lines:
+    return []
+  start = edits[0]['location']['row']
+  end = edits[0]['end_location']
+  stop = end['row'] - 1 if end['column'] == 1 else end['row']
+  block = [(row, lines[row - 1].strip())
+           for row in range(start, min(stop, len(lines)) + 1)
+           if lines[row - 1].strip()]
+  fixed = [line.strip() for line in edits[0]['content'].splitlines()]
+  matcher = difflib.SequenceMatcher(
+      None, [text for _, text in block], [line for line in fixed if line],
+      autojunk=False)
+  kept = {
+      i
+      for a, _, size in matcher.get_matching_blocks()
+      for i in range(a, a + size)
+  }
+  return [entry for i, entry in enumerate(block) if i not in kept]
+
+
 def parse_ruff(output: str, sdk: Path) -> list[Finding]:
-  """`ruff check --output-format=json`, run in sdk."""
-  return [
-      Finding(
-          _in_sdk(item['filename'], sdk),
-          item['location']['row'],
-          item['code'] or 'syntax',
-          item['message']) for item in _json('ruff', output)
-  ]
+  """`ruff check --output-format=json`, run in sdk. An unsorted import block
+  (I001, reported once per block) becomes one finding per line that its fix
+  moves, so that a patch adding a misplaced import to a block the base has
+  unsorted adds a finding."""
+  lines = _Lines(sdk)
+  found = []
+  for item in _json('ruff', output):
+    path = _in_sdk(item['filename'], sdk)
+    moved = _out_of_order(item, lines(path)) if item['code'] == 'I001' else []
+    found.extend(
+        Finding(path, row, 'I001', f'{item["message"]}: moves {text}')
+        for row, text in moved)
+    if not moved:
+      found.append(
+          Finding(
+              path,
+              item['location']['row'],
+              item['code'] or 'syntax',
+              item['message']))
+  return found
 
 
 def parse_pyrefly(output: str, sdk: Path) -> list[Finding]:

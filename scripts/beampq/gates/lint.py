@@ -69,7 +69,7 @@ def ruff_findings(sdk: Path, files: list[str]) -> list[Finding]:
       cwd=sdk)
   if result.returncode not in (0, 1):
     raise Error(f'ruff failed: {result.stderr.strip()}')
-  return findings.parse_ruff(result.stdout, sdk)
+  return findings.with_source(findings.parse_ruff(result.stdout, sdk), sdk)
 
 
 def ruff_at_heads(ws: Workspace) -> bool:
@@ -100,7 +100,7 @@ def pyrefly_findings(sdk: Path) -> list[Finding]:
       '--output-format=json',
       str(sdk / 'apache_beam'),
       cwd=sdk)
-  return findings.parse_pyrefly(result.stdout, sdk)
+  return findings.with_source(findings.parse_pyrefly(result.stdout, sdk), sdk)
 
 
 def pylint_findings(sdk: Path, files: list[str]) -> list[Finding]:
@@ -113,7 +113,7 @@ def pylint_findings(sdk: Path, files: list[str]) -> list[Finding]:
       cwd=sdk)
   if result.returncode & 32 or not result.stdout.strip():
     raise Error(f'pylint failed: {result.stderr.strip()[-300:]}')
-  return findings.parse_pylint(result.stdout)
+  return findings.with_source(findings.parse_pylint(result.stdout), sdk)
 
 
 def mypy_findings(sdk: Path, files: list[str], cache: Path) -> list[Finding]:
@@ -129,7 +129,7 @@ def mypy_findings(sdk: Path, files: list[str], cache: Path) -> list[Finding]:
       cwd=sdk)
   if result.returncode not in (0, 1):
     raise Error(f'mypy failed: {(result.stderr or result.stdout)[-300:]}')
-  return findings.parse_mypy(result.stdout, files)
+  return findings.with_source(findings.parse_mypy(result.stdout, files), sdk)
 
 
 def unittest_main_problems(sdk: Path, files: list[str]) -> list[str]:

@@ -19,6 +19,7 @@
 and yapf the harness env installs."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ from beampq import Error
 from beampq import refresh
 from beampq import testing
 from beampq import tree
+from beampq.gates import findings
 from beampq.gates import lint
 from beampq.gates.workspace import Workspace
 
@@ -71,6 +73,49 @@ def test_ruff_ratchet_fails_only_on_what_the_queue_adds(project, capsys):
           for f in before] == [('apache_beam/__init__.py', 'F401')]
   assert lint.findings.ratchet('ruff', before, after) is False
   assert 'apache_beam/new_mod.py:1: F401' in capsys.readouterr().out
+
+
+def _sdk_with(root: Path, text: str) -> Path:
+  """An sdk folder whose ruff sorts imports, with text as apache_beam/m.py."""
+  (root / 'apache_beam').mkdir(parents=True)
+  (root / 'pyproject.toml').write_text(
+      '[tool.ruff.lint]\nselect = ["I"]\n'
+      '[tool.ruff.lint.isort]\nforce-single-line = true\n')
+  (root / 'apache_beam' / 'm.py').write_text(text)
+  return root
+
+
+# A block the base has unsorted, as Beam 2.77's util.py has one.
+UNSORTED = 'import time\nimport bisect\nimport re\n\nX = 1\n'
+
+
+@pytest.mark.parametrize(
+    'patched, added',
+    [
+        # An import added where it belongs, and lines added above.
+        ('import time\nimport bisect\nimport os\nimport re\n\nX = 1\n', []),
+        ('"""Doc."""\nimport time\nimport bisect\nimport re\n\nX = 1\n', []),
+        # One added out of order in the unsorted block, and first in it.
+        (
+            'import time\nimport bisect\nimport re\nimport abc\n\nX = 1\n',
+            ['import abc']),
+        (
+            'import zlib\nimport time\nimport bisect\nimport re\n\nX = 1\n',
+            ['import zlib']),
+        # The base's block sorted, and an unsorted one added elsewhere (the
+        # line the sort moves is the one reported).
+        (
+            'import bisect\nimport re\nimport time\n\n\ndef f():\n'
+            '  import sys\n  import os\n  return os, sys\n', ['import os']),
+    ])
+def test_ruff_ratchet_sees_each_misplaced_import(tmp_path, patched, added):
+  # ruff reports an unsorted block once, with one message: the ratchet
+  # compares the imports its fix moves.
+  files = ['apache_beam/m.py']
+  before = lint.ruff_findings(_sdk_with(tmp_path / 'base', UNSORTED), files)
+  after = lint.ruff_findings(_sdk_with(tmp_path / 'patched', patched), files)
+  assert [f.code for f in before] == ['I001']
+  assert [f.source for f in findings.added_findings(before, after)] == added
 
 
 def test_format_fixes_the_touched_files_in_the_tree(project, capsys):
