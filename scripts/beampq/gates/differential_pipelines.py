@@ -54,6 +54,7 @@ import traceback
 import uuid
 
 import apache_beam as beam
+from apache_beam.coders import coders
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
@@ -91,11 +92,6 @@ EMITTED: list[dict] = []
 
 def fake_clock():
   return CLOCK.now
-
-
-def element_size(payload):
-  """A non-unit element_size_fn: 1 to 4."""
-  return 1 + len(payload) % 4
 
 
 def payload_length(payload):
@@ -162,20 +158,27 @@ def _source(pipeline, runner_name):
       | 'Timestamp' >> beam.Map(lambda e: window.TimestampedValue(e, e[1])))
 
 
+PICKLED_CODER_URN = 'beam:coder:pickled_python:v1'
+
+
 def _batch_elements(config):
   kwargs = dict(config['batch'])
   if kwargs.pop('element_size_fn', None):
-    kwargs['element_size_fn'] = element_size
+    kwargs['element_size_fn'] = differential.element_size
   if kwargs.pop('length_fn', None):
     kwargs['length_fn'] = payload_length
   return BatchElements(clock=fake_clock, **kwargs)
 
 
 def _coder(components, coder_id):
-  """A coder's urn and those of its components, without ids or payloads."""
+  """A coder's urn and those of its components, without ids or payloads; a
+  pickled Python coder (whose urn is the same for every such coder) also by
+  the repr of the coder its payload holds, such as PickleCoder."""
   coder = components.coders[coder_id]
-  return [coder.spec.urn
-          ] + [_coder(components, c) for c in coder.component_coder_ids]
+  urn = coder.spec.urn
+  if urn == PICKLED_CODER_URN:
+    urn += f' {coders.deserialize_coder(coder.spec.payload)!r}'
+  return [urn] + [_coder(components, c) for c in coder.component_coder_ids]
 
 
 def stateful_specs(pipeline_proto):

@@ -69,6 +69,14 @@ def test_stateful_specs_list_the_states_and_timers():
   assert 'values' in specs['states']
   assert specs['states']['values'][0] == 'bag_spec'
   assert set(specs['timers'].values()) == {'EVENT_TIME', 'PROCESSING_TIME'}
+  # Pickled Python coders share one urn: the coder they hold tells them
+  # apart (a state's coder change breaks an update in place).
+  assert specs['states']['batch_estimator'][1] == [
+      f'{pipelines.PICKLED_CODER_URN} PickleCoder'
+  ]
+  assert specs['states']['values'][1] == [
+      f'{pipelines.PICKLED_CODER_URN} FastPrimitivesCoder'
+  ]
 
 
 def test_the_estimator_sees_the_model_s_time(monkeypatch):

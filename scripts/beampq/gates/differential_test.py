@@ -386,3 +386,42 @@ def test_the_gate_counts_the_whole_input(monkeypatch, capsys):
       }))
   assert differential.run(Tree(), documented) == 1  # documented, yet same
   assert 'UNDOCUMENTED-SAME' in capsys.readouterr().out
+
+
+def _verdict(config, base_batches, patched_batches):
+  ((_, verdict, lines), ) = differential.verdicts(
+      _results([config], **{config: result(*base_batches)}),
+      _results([config], **{config: result(*patched_batches)}))
+  return verdict, lines
+
+
+def test_a_documented_case_may_differ_only_by_its_change():
+  # 0001's bug fix drops the empty batches ahead of large elements (which
+  # moves the sizes the estimator picks next), and reorders nothing.
+  oversized = 'stateless-global-oversized'
+  empty, a, bc = batch([], 1), batch(['a'], 2), batch(['b', 'c'], 3)
+  recut = [batch(['a', 'b'], 2), batch(['c'], 3)]
+  assert _verdict(oversized, [empty, a, bc], recut)[0] == 'documented'
+  verdict, lines = _verdict(oversized, [empty, a, bc], [bc, a])
+  assert verdict == 'DIFFERS'
+  assert "reorder the base's elements" in lines[1]
+  # 0001's stateful path cuts the same elements, in the same order, where
+  # their sizes (element_size: 1 + length % 4) would pass 8.
+  sized_case = 'stateful-global-sized'
+  payloads = ['aaa', 'bbb', 'c', 'dd', 'eee', 'f']  # sizes 4, 4, 2, 3, 4, 2
+  assert [differential.element_size(p) for p in payloads] == [4, 4, 2, 3, 4, 2]
+  base = [batch(payloads, 1)]
+  recut = [
+      batch(payloads[:2], 1), batch(payloads[2:4], 2), batch(payloads[4:], 3)
+  ]
+  assert _verdict(sized_case, base, recut)[0] == 'documented'
+  reordered = [
+      batch(payloads[2:4], 1), batch(payloads[:2], 2), batch(payloads[4:], 3)
+  ]
+  verdict, lines = _verdict(sized_case, base, reordered)
+  assert verdict == 'DIFFERS'
+  assert "reorder the base's elements" in lines[1]
+  heavy = [batch(payloads[:3], 1), batch(payloads[3:], 2)]
+  verdict, lines = _verdict(sized_case, base, heavy)
+  assert verdict == 'DIFFERS'
+  assert 'a patched batch of 3 elements weighs 10, over 8' in lines[1]
