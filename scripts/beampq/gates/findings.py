@@ -26,6 +26,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Optional
 
 from beampq import Error
 
@@ -194,13 +195,14 @@ MYPY_ERROR = re.compile(
     r'^(.+?):(\d+):(?:\d+:)? error: (.*?)(?:  \[([\w-]+)\])?$')
 
 
-def parse_mypy(output: str, files: list[str]) -> list[Finding]:
-  """mypy's text output (`--show-error-codes --no-error-summary`), keeping
-  the errors in files (mypy also reports the modules they import)."""
+def parse_mypy(output: str, files: Optional[list[str]] = None) -> list[Finding]:
+  """mypy's text output (`--show-error-codes --no-error-summary`): the
+  errors in files, or in every module it reports (with follow_imports, the
+  files checked and the modules they import) if files is None."""
   findings = []
   for line in output.splitlines():
     match = MYPY_ERROR.match(line)
-    if match and match.group(1) in files:
+    if match and (files is None or match.group(1) in files):
       findings.append(
           Finding(
               match.group(1),

@@ -89,6 +89,11 @@ def test_parse_mypy_keeps_the_errors_of_the_files_asked_for():
   assert parsed[0].message == (
       'Incompatible return value type (got "int", expected "str")')
   assert findings.parse_mypy(read('mypy_base.txt'), ['apache_beam/x.py']) == []
+  assert findings.parse_mypy(read('mypy_base.txt')) == parsed
+  assert [
+      f.path for f in findings.parse_mypy(
+          'a.py:3: error: Bad  [misc]\nb.py:4: error: Bad  [misc]\n')
+  ] == ['a.py', 'b.py']
   assert findings.parse_mypy(
       'a.py:3:7: error: Name "x" is not defined  [name-defined]\n'
       'a.py:4: note: See the docs\n'
