@@ -29,6 +29,7 @@ from beampq import testing
 from beampq import tree
 from beampq.gates import findings
 from beampq.gates import lint
+from beampq.gates.findings import Finding
 from beampq.gates.workspace import Workspace
 
 
@@ -198,3 +199,37 @@ def test_ruff_at_heads_fails_when_the_heads_cannot_be_told(project, capsys):
       project, 'Local', {'sdks/python/apache_beam/new_mod.py': 'NEW = 2\n'})
   assert lint.ruff_at_heads(Workspace.open(project)) is False
   assert '3 commits for 2 patches' in capsys.readouterr().out
+
+
+def test_mypy_checks_on_the_base_what_the_patched_run_reaches(
+    monkeypatch, tmp_path, capsys):
+  # The patched tree's new import reaches a module with errors of its own,
+  # which the base run must check too; a caller it breaks counts as added.
+  reached = Finding('apache_beam/other.py', 5, 'arg-type', 'old error')
+  broken = Finding('apache_beam/caller.py', 9, 'call-arg', 'new error')
+  caller = Finding('apache_beam/caller.py', 2, 'misc', 'old error')
+  checked = {}
+
+  def fake_mypy(sdk, files, cache):
+    checked[sdk.name] = files
+    if sdk.name == 'patched':
+      return [reached, broken, caller]
+    return [f for f in (reached, caller) if f.path in files]
+
+  class FakeProject:
+    build = tmp_path
+
+  class FakeWorkspace:
+    project = FakeProject()
+    base_sdk, sdk = tmp_path / 'base', tmp_path / 'patched'
+    modified = ['apache_beam/util.py']
+    files = modified + ['apache_beam/new.py']
+
+  monkeypatch.setattr(lint, 'mypy_findings', fake_mypy)
+  assert lint.mypy(FakeWorkspace()) == 1
+  assert checked['base'] == [
+      'apache_beam/util.py', 'apache_beam/caller.py', 'apache_beam/other.py'
+  ]
+  out = capsys.readouterr().out
+  assert '2 findings on the base, 3 on the patched tree, 1 added' in out
+  assert 'caller.py:9: call-arg new error' in out
