@@ -21,7 +21,6 @@ with the patched tree's."""
 
 import collections
 import dataclasses
-import difflib
 import json
 import os
 import re
@@ -121,13 +120,12 @@ def _in_sdk(path: str, sdk: Path) -> str:
   return os.path.relpath(path, sdk) if os.path.isabs(path) else path
 
 
-def _out_of_order(item, lines: list[str]) -> list[tuple[int, str]]:
-  """The lines, with their numbers, that ruff's fix of an unsorted import
-  block (I001) moves or rewrites: the block's lines that are not in the
-  longest run, in order, of lines the sorted block keeps."""
+def _import_block(item, lines: list[str]):
+  """The lines (number, text) of the import block an unsorted-imports item
+  (I001) names, and those of ruff's sorted block; None without a fix."""
   edits = (item.get('fix') or {}).get('edits') or []
-  if len(edits) != 1 or not lines:
-    return []
+  if item['code'] != 'I001' or len(edits) != 1 or not lines:
+    return None
   start = edits[0]['location']['row']
   end = edits[0]['end_location']
   stop = end['row'] - 1 if end['column'] == 1 else end['row']
@@ -135,27 +133,70 @@ def _out_of_order(item, lines: list[str]) -> list[tuple[int, str]]:
            for row in range(start, min(stop, len(lines)) + 1)
            if lines[row - 1].strip()]
   fixed = [line.strip() for line in edits[0]['content'].splitlines()]
-  matcher = difflib.SequenceMatcher(
-      None, [text for _, text in block], [line for line in fixed if line],
-      autojunk=False)
-  kept = {
-      i
-      for a, _, size in matcher.get_matching_blocks()
-      for i in range(a, a + size)
-  }
-  return [entry for i, entry in enumerate(block) if i not in kept]
+  return block, [line for line in fixed if line]
 
 
-def parse_ruff(output: str, sdk: Path) -> list[Finding]:
+def _kept(block: list[str], fixed: list[str], anchors: set[str]) -> set[int]:
+  """The indices of block's lines in a longest subsequence it shares with
+  fixed (what sorting leaves in place), a line of anchors counting twice:
+  of the ties, the one that keeps the base's lines in place."""
+  n, m = len(block), len(fixed)
+  best = [[0] * (m + 1) for _ in range(n + 1)]
+  for i in range(n - 1, -1, -1):
+    for j in range(m - 1, -1, -1):
+      if block[i] == fixed[j]:
+        best[i][j] = best[i + 1][j + 1] + (2 if block[i] in anchors else 1)
+      else:
+        best[i][j] = max(best[i + 1][j], best[i][j + 1])
+  kept, i, j = set(), 0, 0
+  while i < n and j < m:
+    if block[i] == fixed[j]:
+      kept.add(i)
+      i, j = i + 1, j + 1
+    elif best[i + 1][j] >= best[i][j + 1]:
+      i += 1
+    else:
+      j += 1
+  return kept
+
+
+def kept_imports(output: str, sdk: Path) -> dict[str, set[str]]:
+  """Per file, the lines of its unsorted import blocks that sorting leaves
+  in place, from `ruff check --output-format=json` run in sdk: the anchors
+  of parse_ruff on the patched tree."""
+  lines = _Lines(sdk)
+  kept: dict[str, set[str]] = {}
+  for item in _json('ruff', output):
+    path = _in_sdk(item['filename'], sdk)
+    found = _import_block(item, lines(path))
+    if found:
+      texts = [text for _, text in found[0]]
+      kept.setdefault(path, set()).update(
+          texts[i] for i in _kept(texts, found[1], set()))
+  return kept
+
+
+def parse_ruff(
+    output: str,
+    sdk: Path,
+    anchors: Optional[dict[str, set[str]]] = None) -> list[Finding]:
   """`ruff check --output-format=json`, run in sdk. An unsorted import block
-  (I001, reported once per block) becomes one finding per line that its fix
-  moves, so that a patch adding a misplaced import to a block the base has
-  unsorted adds a finding."""
+  (I001, reported once per block, with one message) becomes one finding
+  per line that its fix moves, of the lines a longest common order with
+  the sorted block leaves out; anchors (kept_imports of the base) breaks
+  its ties in favour of the lines the base has in place. So a patch that
+  adds an import out of order to a block the base has unsorted adds a
+  finding, and one placed in order adds none."""
   lines = _Lines(sdk)
   found = []
   for item in _json('ruff', output):
     path = _in_sdk(item['filename'], sdk)
-    moved = _out_of_order(item, lines(path)) if item['code'] == 'I001' else []
+    block = _import_block(item, lines(path))
+    moved = []
+    if block:
+      texts = [text for _, text in block[0]]
+      kept = _kept(texts, block[1], (anchors or {}).get(path, set()))
+      moved = [entry for i, entry in enumerate(block[0]) if i not in kept]
     found.extend(
         Finding(path, row, 'I001', f'{item["message"]}: moves {text}')
         for row, text in moved)

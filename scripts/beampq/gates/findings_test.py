@@ -171,7 +171,8 @@ def test_the_ratchet_counts_repeats_and_ignores_line_numbers_in_messages():
 def test_with_source_tells_apart_one_message_on_other_lines(tmp_path):
   # The base has the finding on one line; the patch fixes it and makes the
   # same mistake on another: counted by message alone, nothing was added.
-  for tree, text in (('base', 'x = 1\ny = f()\n'), ('patched', 'x = g()\n')):
+  for tree, text in (('base', 'x = 1\ny = f()\n'), ('patched', 'x = g()\n'),
+                     ('moved', '\n\nx = g()\n')):
     (tmp_path / tree).mkdir()
     (tmp_path / tree / 'a.py').write_text(text)
 
@@ -182,7 +183,7 @@ def test_with_source_tells_apart_one_message_on_other_lines(tmp_path):
   before, after = found('base', 2), found('patched', 1)
   assert [f.source for f in before + after] == ['y = f()', 'x = g()']
   assert findings.added_findings(before, after) == after
-  moved = found('patched', 1)
-  assert findings.added_findings(moved, after) == []
+  # The same line, moved down by lines added above it, is not added.
+  assert findings.added_findings(after, found('moved', 3)) == []
   assert findings.with_source([Finding('gone.py', 3, 'E', 'm')],
                               tmp_path)[0].source == ''

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 from beampq import Error
 from beampq import git
@@ -55,10 +56,11 @@ def _existing(sdk: Path, files: list[str]) -> list[str]:
   return [f for f in files if (sdk / f).is_file()]
 
 
-def ruff_findings(sdk: Path, files: list[str]) -> list[Finding]:
+def _ruff_output(sdk: Path, files: list[str]) -> str:
+  """`ruff check --output-format=json` on files under sdk."""
   files = _existing(sdk, files)
   if not files:
-    return []
+    return '[]'
   result = _tool(
       'ruff',
       'check',
@@ -69,7 +71,26 @@ def ruff_findings(sdk: Path, files: list[str]) -> list[Finding]:
       cwd=sdk)
   if result.returncode not in (0, 1):
     raise Error(f'ruff failed: {result.stderr.strip()}')
-  return findings.with_source(findings.parse_ruff(result.stdout, sdk), sdk)
+  return result.stdout
+
+
+def ruff_findings(
+    sdk: Path,
+    files: list[str],
+    anchors: Optional[dict[str, set[str]]] = None) -> list[Finding]:
+  return findings.with_source(
+      findings.parse_ruff(_ruff_output(sdk, files), sdk, anchors), sdk)
+
+
+def ruff_compared(
+    base_sdk: Path, base_files: list[str], sdk: Path,
+    files: list[str]) -> tuple[list[Finding], list[Finding]]:
+  """ruff's findings on the base and on the patched tree, the patched
+  tree's unsorted imports told apart as the base's sort (kept_imports)."""
+  output = _ruff_output(base_sdk, base_files)
+  before = findings.with_source(findings.parse_ruff(output, base_sdk), base_sdk)
+  return before, ruff_findings(
+      sdk, files, findings.kept_imports(output, base_sdk))
 
 
 def ruff_at_heads(ws: Workspace) -> bool:
@@ -88,8 +109,7 @@ def ruff_at_heads(ws: Workspace) -> bool:
       sdk = ws.sdk_at(commit, files, Path(scratch))
       ok = findings.ratchet(
           f'ruff at the head of {name} ({commit[:12]})',
-          ruff_findings(ws.base_sdk, modified),
-          ruff_findings(sdk, files)) and ok
+          *ruff_compared(ws.base_sdk, modified, sdk, files)) and ok
   return ok
 
 
@@ -155,9 +175,7 @@ def lint(ws: Workspace) -> int:
     print('beampq: lint: the queue touches no Python files')
     return 0
   ok = findings.ratchet(
-      'ruff',
-      ruff_findings(ws.base_sdk, ws.modified),
-      ruff_findings(ws.sdk, ws.files))
+      'ruff', *ruff_compared(ws.base_sdk, ws.modified, ws.sdk, ws.files))
   ok = ruff_at_heads(ws) and ok
   formatted = _yapf_files(_existing(ws.sdk, ws.files))
   diff = _tool('yapf', '--diff', *formatted, cwd=ws.sdk)

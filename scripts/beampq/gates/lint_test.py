@@ -93,29 +93,38 @@ UNSORTED = 'import time\nimport bisect\nimport re\n\nX = 1\n'
 @pytest.mark.parametrize(
     'patched, added',
     [
-        # An import added where it belongs, and lines added above.
+        # Imports added in order, and lines added above.
         ('import time\nimport bisect\nimport os\nimport re\n\nX = 1\n', []),
+        ('import time\nimport bisect\nimport re\nimport uuid\n\nX = 1\n', []),
         ('"""Doc."""\nimport time\nimport bisect\nimport re\n\nX = 1\n', []),
-        # One added out of order in the unsorted block, and first in it.
+        # One added out of order in the unsorted block: last, first, among
+        # the lines in order, or next to the one out of order.
         (
             'import time\nimport bisect\nimport re\nimport abc\n\nX = 1\n',
             ['import abc']),
         (
             'import zlib\nimport time\nimport bisect\nimport re\n\nX = 1\n',
             ['import zlib']),
-        # The base's block sorted, and an unsorted one added elsewhere (the
-        # line the sort moves is the one reported).
+        (
+            'import time\nimport bisect\nimport zlib\nimport re\n\nX = 1\n',
+            ['import zlib']),
+        (
+            'import time\nimport uuid\nimport bisect\nimport re\n\nX = 1\n',
+            ['import uuid']),
+        # The base's block sorted, and an unsorted one added elsewhere.
         (
             'import bisect\nimport re\nimport time\n\n\ndef f():\n'
-            '  import sys\n  import os\n  return os, sys\n', ['import os']),
+            '  import sys\n  import os\n  import re\n  return os, re, sys\n',
+            ['import sys']),
     ])
 def test_ruff_ratchet_sees_each_misplaced_import(tmp_path, patched, added):
   # ruff reports an unsorted block once, with one message: the ratchet
-  # compares the imports its fix moves.
+  # compares the imports its fix moves, as the base's block has them.
   files = ['apache_beam/m.py']
-  before = lint.ruff_findings(_sdk_with(tmp_path / 'base', UNSORTED), files)
-  after = lint.ruff_findings(_sdk_with(tmp_path / 'patched', patched), files)
-  assert [f.code for f in before] == ['I001']
+  before, after = lint.ruff_compared(
+      _sdk_with(tmp_path / 'base', UNSORTED), files,
+      _sdk_with(tmp_path / 'patched', patched), files)
+  assert [f.source for f in before] == ['import time']
   assert [f.source for f in findings.added_findings(before, after)] == added
 
 
