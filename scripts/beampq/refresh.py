@@ -204,6 +204,36 @@ def write_patches(
   return series
 
 
+def off_the_queue(project: Project) -> Optional[str]:
+  """What to do when build/beam has a branch other than the queue's (or a
+  detached HEAD) checked out, where its commits would be lost to refresh;
+  None on the queue's branch."""
+  tree = project.tree
+  branch = git.current_branch(tree)
+  if branch == BRANCH:
+    return None
+  where = f'{project.rel(tree)} has {branch or "a detached HEAD"} checked out'
+  name = branch or git.output('rev-parse', '--short', 'HEAD', cwd=tree)
+
+  def contains(ancestor: str, descendant: str) -> bool:
+    return git.attempt(
+        'merge-base', '--is-ancestor', ancestor, descendant,
+        cwd=tree).returncode == 0
+
+  if contains('HEAD', BRANCH):
+    return (
+        f'{where}, which {BRANCH} already holds: run `git checkout '
+        f'{BRANCH}` in it (a refresh from here would drop the later patches)')
+  if contains(BRANCH, 'HEAD'):
+    return (
+        f'{where}, with commits {BRANCH} lacks: move them onto {BRANCH} '
+        f'(`git checkout {BRANCH} && git merge --ff-only {name}` in it)')
+  return (
+      f'{where}, which has left {BRANCH}: move its commits onto {BRANCH} '
+      f'(`git rebase {BRANCH}`, then `git checkout {BRANCH} && git merge '
+      f'--ff-only {name}` in it)')
+
+
 def refresh(project: Project, force: bool = False):
   """Writes patches/, sdks/ and the series from build/beam's commits, each
   patch with its commit's author and date, as `git commit --amend` keeps
@@ -221,12 +251,9 @@ def refresh(project: Project, force: bool = False):
     raise Error(
         f'a {in_progress} is in progress in {project.rel(tree)}; '
         'finish or abort it first')
-  branch = git.current_branch(tree)
-  if branch != BRANCH:
-    raise Error(
-        f'{project.rel(tree)} has {branch or "a detached HEAD"} checked out, '
-        f'not {BRANCH}: refresh writes back the queue on {BRANCH}, and would '
-        f'drop the patches after this commit (git checkout {BRANCH})')
+  off = off_the_queue(project)
+  if off:
+    raise Error(f'{off}: refresh writes back the queue on {BRANCH}')
   dirty = now.uncommitted
   if dirty:
     more = ', ...' if len(dirty) > 1 else ''

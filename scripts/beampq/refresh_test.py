@@ -18,6 +18,7 @@
 """Tests of beampq.refresh: patches/, sdks/ and the series from
 build/beam's commits."""
 
+import re
 import shutil
 
 import pytest
@@ -191,18 +192,40 @@ def test_refresh_refuses_a_bisect_in_progress(project):
 
 
 @pytest.mark.parametrize(
-    'checkout, shown', [(('HEAD~1', ), 'a detached HEAD'),
-                        (('-b', 'other', 'HEAD~1'), 'other')])
-def test_refresh_refuses_a_head_other_than_the_queue(project, checkout, shown):
-  # From an earlier commit, the patches after it would be dropped.
+    'checkout, commit, shown',
+    [
+        (('HEAD~1', ),
+         False,
+         'a detached HEAD checked out, which main '
+         'already holds: run `git checkout main`'),
+        (('-b', 'other'),
+         True,
+         'other checked out, with commits main lacks: '
+         'move them onto main .*git merge --ff-only other'),
+        (('-b', 'other', 'HEAD~1'),
+         True,
+         'other checked out, which has left '
+         'main: move its commits onto main .*git rebase main'),
+    ])
+def test_refresh_refuses_a_head_other_than_the_queue(
+    project, capsys, checkout, commit, shown):
+  # From an earlier commit, the patches after it would be dropped; from
+  # another branch, that branch's commits would stay off the queue.
   before = {p.name: p.read_text() for p in project.patches.glob('*.patch')}
   tree_git(project, 'checkout', '-q', *checkout)
-  with pytest.raises(Error, match=f'has {shown} checked out, not main'):
+  if commit:
+    commit_in_tree(project, 'Mine', {'sdks/python/apache_beam/x.py': 'X = 1\n'})
+  with pytest.raises(Error, match=f'has {shown}'):
     refresh.refresh(project)
   assert {
       p.name: p.read_text()
       for p in project.patches.glob('*.patch')
   } == before
+  # check gives the same advice, not a refresh that refuses.
+  with pytest.raises(Error, match='check found 1 problem'):
+    check.check(project)
+  assert re.search(
+      f'has {shown}.*, then run `beampq refresh`', capsys.readouterr().err)
 
 
 def test_refresh_refuses_an_unsquashed_fixup(project):
