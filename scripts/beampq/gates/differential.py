@@ -211,16 +211,17 @@ def _in_base_order(old: dict, new: dict) -> list[str]:
 
 def _recut_by_size(old: dict, new: dict) -> list[str]:
   """Problems unless the patched batches hold the base's elements in its
-  order (_in_base_order), and none weighs more than the case's batch size
-  (8) in element_size but an element alone."""
+  order (_in_base_order), and none weighs more than the case's
+  max_batch_size in element_size but an element alone."""
+  limit = CONFIGS['stateful-global-sized']['batch']['max_batch_size']
   problems = _in_base_order(old, new)
   for w, (in_order, at_end) in sorted(new.items()):
     for batch in in_order + at_end:
       weight = sum(map(element_size, batch['elements']))
-      if weight > 8 and len(batch['elements']) > 1:
+      if weight > limit and len(batch['elements']) > 1:
         problems.append(
             f'{w}: a patched batch of {len(batch["elements"])} elements '
-            f'weighs {weight}, over 8')
+            f'weighs {weight}, over {limit}')
         break
   return problems
 
