@@ -40,6 +40,7 @@ from typing import Union
 
 from apache_beam.transforms.util import AdaptiveNumShards
 from apache_beam.transforms.util import BatchElements
+from apache_beam.transforms.util import _check_key_fn_not_a_class
 
 __all__ = [
     'DEFAULT_PREFIX_CHAR_LEN',
@@ -279,13 +280,15 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
 
 
 def _check_key_fn_instance(key_fn, name):
-  """Raises if key_fn is one of this module's key function classes rather
-  than an instance: the class is callable, so it would only fail later, on
-  every element. name names key_fn for the message."""
+  """Raises if key_fn is a class whose instances are key functions (one of
+  this module's, or another) rather than an instance: the class is
+  callable, so it would only fail later, on every element. name names
+  key_fn for the message."""
   if isinstance(key_fn, type) and issubclass(key_fn, _PrefixKeyFn):
     raise TypeError(
         f'{name} must be a key function, not the class {key_fn.__name__}: '
         f'pass {key_fn.__name__}(), got {key_fn!r}.')
+  _check_key_fn_not_a_class(key_fn, name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@
 
 import dataclasses
 import enum
+import operator
 import unittest
 
 import numpy as np
@@ -392,6 +393,11 @@ class PrefixBatchingConfigTest(unittest.TestCase):
           dict(key_fn=PromptPrefixKeyFn),
           TypeError,
           r'not the class PromptPrefixKeyFn: pass PromptPrefixKeyFn\(\)'),
+      # The class of another key function, whose instances are callable.
+      param(
+          dict(key_fn=operator.itemgetter),
+          TypeError,
+          'key_fn must be a key function, not the class itemgetter'),
       param(
           dict(key_fn=len, prefix_delimiters=(':', )),
           ValueError,
