@@ -19,6 +19,7 @@
 queue touches) and the opt-in `regression` gate (the wider suites, with
 failures compared against the base)."""
 
+import ast
 import json
 import os
 import re
@@ -38,6 +39,18 @@ from beampq.gates.workspace import Workspace
 PACKAGE_PARENT = Path(beampq.__file__).resolve().parent.parent
 # Test folders that exercise BatchElements and RunInference as a whole.
 REGRESSION_FOLDERS = ('apache_beam/transforms', 'apache_beam/ml/inference')
+# Tests of the series that push thousands of elements through real
+# pipelines, each a large share of a pyXY env's time, and that test no
+# Python version's behaviour: `test --series` leaves them out, and they run
+# once, with the whole modules on the newest Python (`test`). Node id
+# prefixes, relative to the sdk folder (a prefix covers parameterized's
+# name_0_... tests); each must name a test of the tree.
+RUN_ONCE = (
+    'apache_beam/transforms/util_test.py::AdaptiveNumShardsTest::'
+    'test_unique_keys_fill_batches',
+    'apache_beam/transforms/util_test.py::AdaptiveNumShardsTest::'
+    'test_a_busy_process_spreads_its_cold_keys_in_streaming',
+)
 
 
 def pytest_on(
@@ -147,7 +160,29 @@ def run(ws: Workspace, pytest_args: list[str], series: bool = False) -> int:
     targets = module_targets(ws.test_modules, pytest_args)
     print(f'beampq: test modules: {" ".join(targets)}')
     return pytest_on(ws.sdk, targets, cache)
-  return _series_on(ws, ws.sdk, ws.test_modules, pytest_args, '')
+  once = run_once_args(ws.sdk, RUN_ONCE)
+  print(f'beampq: left to the whole modules\' run: {" ".join(RUN_ONCE)}')
+  return _series_on(ws, ws.sdk, ws.test_modules, pytest_args + once, '')
+
+
+def run_once_args(sdk: Path, prefixes: tuple[str, ...]) -> list[str]:
+  """pytest's --deselect options for the node id prefixes, each of which
+  must name a test method of the tree at sdk (raises Error otherwise, so
+  that a renamed test is not left out unseen)."""
+  args = []
+  for prefix in prefixes:
+    module, class_name, test_prefix = prefix.split('::')
+    path = sdk / module
+    tree = ast.parse(path.read_text()) if path.is_file() else None
+    names = [
+        part.name for node in (tree.body if tree else [])
+        if isinstance(node, ast.ClassDef) and node.name == class_name
+        for part in node.body if isinstance(part, ast.FunctionDef)
+    ]
+    if not any(name.startswith(test_prefix) for name in names):
+      raise Error(f'RUN_ONCE names no test of the tree: {prefix}')
+    args += ['--deselect', prefix]
+  return args
 
 
 def _series_on(

@@ -21,7 +21,11 @@ regression gate judges failures."""
 import os
 import subprocess
 import sys
+import types
 
+import pytest
+
+from beampq import Error
 from beampq import refresh
 from beampq import testing
 from beampq import tree
@@ -159,6 +163,47 @@ def test_options_narrow_the_modules_and_paths_replace_them():
                                                              '--basetemp',
                                                              '/tmp/x']):
     assert suite.module_targets(modules, options) == modules + options
+
+
+def test_run_once_tests_are_deselected_by_prefix_and_must_exist(tmp_path):
+  module = tmp_path / 'apache_beam' / 'a_test.py'
+  module.parent.mkdir()
+  module.write_text(
+      'import unittest\n\n\nclass ATest(unittest.TestCase):\n'
+      '  def test_many_elements(self):\n    pass\n')
+  prefix = 'apache_beam/a_test.py::ATest::test_many'
+  assert suite.run_once_args(tmp_path, (prefix, )) == ['--deselect', prefix]
+  # A renamed test, class or module is an error, not a test left out.
+  for gone in ('apache_beam/a_test.py::ATest::test_few',
+               'apache_beam/a_test.py::BTest::test_many',
+               'apache_beam/b_test.py::ATest::test_many'):
+    with pytest.raises(Error, match='RUN_ONCE names no test'):
+      suite.run_once_args(tmp_path, (prefix, gone))
+
+
+def test_only_series_runs_leave_run_once_tests_out(tmp_path, monkeypatch):
+  calls = []
+  monkeypatch.setattr(
+      suite,
+      '_series_on', lambda ws, sdk, modules, args, where: calls.append(
+          ('series', args)) or 0)
+  monkeypatch.setattr(
+      suite,
+      'pytest_on', lambda sdk, targets, cache: calls.append(
+          ('whole', targets)) or 0)
+  monkeypatch.setattr(suite, 'RUN_ONCE', ('m_test.py::ATest::test_a', ))
+  (tmp_path /
+   'm_test.py').write_text('class ATest:\n  def test_a_0(self):\n    pass\n')
+  ws = types.SimpleNamespace(
+      sdk=tmp_path,
+      test_modules=['m_test.py'],
+      project=types.SimpleNamespace(build=tmp_path))
+  assert suite.run(ws, ['-k', 'A'], series=True) == 0
+  assert suite.run(ws, ['-k', 'A']) == 0
+  assert calls == [
+      ('series', ['-k', 'A', '--deselect', 'm_test.py::ATest::test_a']),
+      ('whole', ['m_test.py', '-k', 'A']),
+  ]
 
 
 def test_heads_test_each_pull_request_alone(tmp_path, index, capsys):
