@@ -43,7 +43,7 @@ design (`--measuring-spread`) uses the tuning seeds, as tuning does:
 file sorted by document would give it, where the benchmark reads it in
 arrival order (random with respect to the prefix).
 `--measuring-shards` and `--measured-whole-batches` run the model of a batch
-pipeline with other values of 0011's _MEASURING_SHARDS and
+pipeline with other values of 0012's _MEASURING_SHARDS and
 _MEASURED_WHOLE_BATCHES than the tree's, a what-if of the model alone.
 """
 
@@ -118,7 +118,7 @@ def fleet(
       (as the benchmark reads it) or 'sorted' (grouped by key, as a file
       sorted by document; v4.in_input_order).
     measuring_shards, measured_whole_batches: what the model of a batch
-      pipeline takes for 0011's _MEASURING_SHARDS and
+      pipeline takes for 0012's _MEASURING_SHARDS and
       _MEASURED_WHOLE_BATCHES (batch.measuring_shards), in place of the
       tree's; none: the tree's. The tree is not changed: a what-if of the
       model alone.
@@ -277,12 +277,12 @@ def main(argv=None) -> int:
   fleet_parser.add_argument(
       '--measuring-shards',
       type=int,
-      help="the model's 0011 _MEASURING_SHARDS in batch (default: the "
+      help="the model's 0012 _MEASURING_SHARDS in batch (default: the "
       "tree's)")
   fleet_parser.add_argument(
       '--measured-whole-batches',
       type=int,
-      help="the model's 0011 _MEASURED_WHOLE_BATCHES in batch (default: "
+      help="the model's 0012 _MEASURED_WHOLE_BATCHES in batch (default: "
       "the tree's)")
   fleet_table_parser = sub.add_parser('fleet-table')
   fleet_table_parser.add_argument('dir', type=Path)

@@ -21,7 +21,7 @@ decode length and placement (stdlib only).
 The strategy `default` is the tree's PrefixBatchingConfig() policy (issue
 24's AdaptiveNumShards, where keys too cold to fill batches share their
 measuring process's cold state keys, as many as they fill); `adaptive_v3`
-is the policy as benchmark v4 first measured it (0011 before issue 24:
+is the policy as benchmark v4 first measured it (0012 before issue 24:
 every key warm, runs of 4 batches), measured wherever `default` is so that
 the gap is on record. A key is measured in one SDK process: a
 salted hash of its measuring key over the fleet's processes (workers x
@@ -157,7 +157,7 @@ def _specs(spec):
 
 
 def _charges(spec):
-  # The default's measuring step: as 0011 has it (in batch a busy key is
+  # The default's measuring step: as 0012 has it (in batch a busy key is
   # measured in parts: batch_task sets first_stage_of), spread over
   # measuring keys by request id (a design bench/research_v4.py weighed),
   # or free.
@@ -447,7 +447,7 @@ def batch_task(workload, r_key, seed, quick):
       'keyed_8': batch_model.group(
           requests, batch_model.random_shard_keys(requests, 8, seed), bs),
   }
-  # The default's measuring step measures a busy key in parts (0011);
+  # The default's measuring step measures a busy key in parts (0012);
   # adaptive_v3 measured every key whole.
   measuring = measuring_of(spec, requests, seed, w, bs)
   if charges['default'].first_stage_spread == 1:
