@@ -37,8 +37,13 @@ from beampq.gates.workspace import Workspace
 
 # The folder that holds the beampq package, for the pytest plugin.
 PACKAGE_PARENT = Path(beampq.__file__).resolve().parent.parent
-# Test folders that exercise BatchElements and RunInference as a whole.
-REGRESSION_FOLDERS = ('apache_beam/transforms', 'apache_beam/ml/inference')
+# Test folders that exercise BatchElements and RunInference as a whole, and
+# the BundleBasedDirectRunner's metrics, which 0004 changes.
+REGRESSION_FOLDERS = (
+    'apache_beam/transforms',
+    'apache_beam/ml/inference',
+    'apache_beam/runners/direct',
+    'apache_beam/metrics')
 # Tests of the series that push thousands of elements through real
 # pipelines, each a large share of a pyXY env's time, and that test no
 # Python version's behaviour: `test --series` leaves them out, and they run

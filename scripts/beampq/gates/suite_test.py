@@ -83,6 +83,9 @@ def test_regression_modules_cover_batch_elements_users(tmp_path):
   files = {
       'apache_beam/transforms/util_test.py': '',
       'apache_beam/ml/inference/base_test.py': '',
+      'apache_beam/runners/direct/direct_runner_test.py': '',
+      'apache_beam/metrics/metric_test.py': '',
+      'apache_beam/runners/other_test.py': '',
       'apache_beam/io/uses.py': 'beam.BatchElements()',
       'apache_beam/io/uses_test.py': '',
       'apache_beam/io/other.py': '',
@@ -95,7 +98,9 @@ def test_regression_modules_cover_batch_elements_users(tmp_path):
     (sdk / path).write_text(text)
   assert suite.regression_modules(sdk) == [
       'apache_beam/io/uses_test.py',
+      'apache_beam/metrics/metric_test.py',
       'apache_beam/ml/inference/base_test.py',
+      'apache_beam/runners/direct/direct_runner_test.py',
       'apache_beam/transforms/util_test.py',
   ]
 
