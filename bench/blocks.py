@@ -311,26 +311,21 @@ def readme_why(results) -> str:
       'by prefix, whose splits already batch a prefix together, the default '
       'loses up to R4. The runner pays for the keyed steps: on the '
       'FnApiRunner, batching alone (no model) over 10,000 and 30,000 keys '
-      f'takes {_overhead_x(results, "default_10000_over_stateful")} and '
-      f'{_overhead_x(results, "default_30000_over_stateful")} the time '
+      f'takes {_overhead_ratio(results, "default_10000_over_stateful", "x")} and '
+      f'{_overhead_ratio(results, "default_30000_over_stateful", "x")} the time '
       'of 2.77.0\'s stateful path (phase C: medians, with the 10th-90th '
       'percentile of their repetitions). Every point, and why: '
       '[docs/benchmark.md](docs/benchmark.md).',
   ])
 
 
-def _overhead_x(results, name):
+def _overhead_ratio(results, name, unit=''):
+  """A phase C ratio's median and the 10th-90th percentile of its
+  repetitions, each followed by unit."""
   ratio = results['overhead_runs']['ratios'][name]
   return (
-      f'{results["overhead"][name]:.2f}x '
-      f'({ratio["p10"]:.2f}x-{ratio["p90"]:.2f}x)')
-
-
-def _overhead_ratio(results, name):
-  ratio = results['overhead_runs']['ratios'][name]
-  return (
-      f'{results["overhead"][name]:.2f} '
-      f'({ratio["p10"]:.2f}-{ratio["p90"]:.2f})')
+      f'{results["overhead"][name]:.2f}{unit} '
+      f'({ratio["p10"]:.2f}{unit}-{ratio["p90"]:.2f}{unit})')
 
 
 def _overhead_intro(results):
