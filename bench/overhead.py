@@ -58,7 +58,7 @@ _STATEFUL = {'max_batch_duration_secs': 1}
 # keys -> elements per key, full and quick.
 BLOCKS = {10_000: 16, 30_000: 4}
 QUICK_BLOCKS = {1_200: 4, 3_000: 1}
-REPETITIONS = {10_000: 5, 30_000: 3}
+REPETITIONS = {10_000: 5, 30_000: 5}
 QUICK_REPETITIONS = 1
 
 
