@@ -27,7 +27,6 @@ from bench import batch as batch_model
 from bench import deploy
 from bench import fleet
 from bench import policies
-from bench import v4
 from bench.fleet_test import request
 from bench.v4_test import SPEC
 from bench.workloads import MICROS
@@ -43,7 +42,7 @@ def _route(spec, seed=1):
       seed,
       batch_size=BATCH,
       buffering_s=1.0,
-      cold_key=v4.cold_key_of(seed, WORKERS, PROCESSES))
+      cold_key=policies.cold_key_of(seed, WORKERS, PROCESSES))
 
 
 def _stream(keys_at):
@@ -121,12 +120,12 @@ def test_a_recurring_cold_key_always_maps_to_the_same_worker():
 
 
 def test_the_cold_keys_are_one_per_measuring_process():
-  cold_key = v4.cold_key_of(7, WORKERS, PROCESSES)
+  cold_key = policies.cold_key_of(7, WORKERS, PROCESSES)
   keys = {cold_key(f'u{i}') for i in range(5000)}
   assert keys == {('cold', m) for m in range(WORKERS * PROCESSES)}
   assert cold_key('u1') == cold_key('u1')
   # Seeds draw their own processes.
-  other = v4.cold_key_of(8, WORKERS, PROCESSES)
+  other = policies.cold_key_of(8, WORKERS, PROCESSES)
   assert any(other(f'u{i}') != cold_key(f'u{i}') for i in range(100))
 
 
@@ -191,7 +190,7 @@ def test_in_a_batch_runner_cold_elements_wait_for_their_key():
 
 def test_unique_prompts_in_a_batch_runner_fill_batches():
   requests = [request(i, 0, key=f'u{i}') for i in range(4000)]
-  cold_key = v4.cold_key_of(1, WORKERS, PROCESSES)
+  cold_key = policies.cold_key_of(1, WORKERS, PROCESSES)
   keys = batch_model.two_stage_keys(SPEC, requests, BATCH, cold_key=cold_key)
   grouped = batch_model.group(requests, keys, BATCH)
   sizes = [len(b) for batches in grouped.values() for b in batches]

@@ -34,7 +34,10 @@ request is scored when it arrives at or after t0, so every strategy at a
 point scores the same requests. score turns the cells into capacity:
 scored requests over the sum, over windows, of each window's busiest
 worker's work. The batch deployment puts every batch in one cell, so its
-capacity is the makespan's.
+capacity is the makespan's. score also gives capacity[BALANCED]: the
+scored requests over the mean worker's work, as if the placement spread
+every window's work evenly (the bound's perfect balance), which parts a
+strategy's gap to the bound into its placement and the rest.
 
 bound gives the valid upper bound of a point: the scored requests' own
 tokens, each shareable prefix computed once per fleet (and only if no
@@ -58,6 +61,9 @@ from bench.workloads import SEGMENT_KINDS
 from bench.workloads import SHAREABLE
 
 CELL_US = 2 * MICROS
+# The capacity of a run whose work every window spreads evenly over the
+# workers (score, bound).
+BALANCED = 'balanced'
 # Scoring windows, in cells (None: the whole run).
 WINDOWS = {'2s': 1, '10s': 5, '60s': 30, 'whole': None}
 # How often a range placer (streaming_F3) re-cuts its key ranges.
@@ -325,7 +331,8 @@ def score(
     copies: int,
     requests_scored: int) -> dict:
   """Capacity (scored requests over the sum of every window's busiest
-  worker's work) per window size, and the scored requests' figures."""
+  worker's work) per window size, capacity[BALANCED] (over the mean
+  worker's work), and the scored requests' figures."""
   work: dict = {}
   hits = tokens = 0.0
   for (worker, emitted, arrived), cell in run.cells.items():
@@ -350,6 +357,7 @@ def score(
     for (window, _), w in windows.items():
       busiest[window] = max(busiest.get(window, 0.0), w)
     capacities[name] = requests_scored / sum(busiest.values())
+  capacities[BALANCED] = requests_scored / (sum(work.values()) / run.workers)
   scored_batches = scored_requests = 0
   for (worker, emitted), (batches, requests) in run.shape.items():
     if emitted >= t0_cell:
@@ -442,7 +450,7 @@ def bound(
   return {
       'capacity': {
           name: capacity
-          for name in WINDOWS
+          for name in (*WINDOWS, BALANCED)
       },
       'requests': scored,
       'hit_rate': 1 - computed / total if total else 0.0,

@@ -116,6 +116,9 @@ def test_capacity_sums_the_busiest_worker_of_every_window():
   figures = deploy.score(run, 0, 0, FREE, 8, 3)
   per_request = 5 * BLOCK_TOKENS
   assert figures['capacity']['2s'] == pytest.approx(3 / (3 * per_request))
+  # Spread evenly, each of the 2 workers would do 1.5 requests' work.
+  assert figures['capacity'][deploy.BALANCED] == pytest.approx(
+      3 / (1.5 * per_request))
   assert figures['hit_rate'] == 0.0
   assert figures['mean_batch_size'] == 1.5
   # Scored from the second cell on: only the late request counts.
@@ -128,6 +131,7 @@ def test_the_bound_computes_each_prefix_once_per_fleet():
   bound = deploy.bound(requests, 0, 0, FREE, 2, 8)
   work = (2 * 4 + 10 * 1) * BLOCK_TOKENS
   assert bound['capacity']['10s'] == pytest.approx(10 / (work / 2))
+  assert bound['capacity'][deploy.BALANCED] == bound['capacity']['10s']
   # Two shuffles per request lower it by what they cost.
   shuffled = deploy.bound(requests, 0, 0, FREE, 2, 8, shuffles=2)
   work += 10 * 2 * FREE.shuffle_tokens

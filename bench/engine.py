@@ -297,7 +297,7 @@ def _arms(deployment, workload, seed, salt, spec):
           seed,
           batch_size=bs,
           buffering_s=v4.BUFFERING_S,
-          cold_key=v4.cold_key_of(seed, w, PROCESSES)),
+          cold_key=policies.cold_key_of(seed, w, PROCESSES)),
   }
   out = {}
   for arm, route in routes.items():

@@ -120,6 +120,33 @@ COLD_MIN_SPAN_PERIODS = 4
 # many batches (of max_batch_size, the batch size here) per buffering period.
 COLD_SPLIT_FILLS = 4
 
+# Where the model pools the default's cold keys in streaming: in the SDK
+# process that measures them, as 0012 does, or in one meter for the whole
+# fleet, whose slot count follows the fleet's cold traffic as a process's
+# follows its own (a what-if of the model alone).
+COLD_SCOPES = ('process', 'fleet')
+
+
+def check_cold_scope(scope):
+  if scope not in COLD_SCOPES:
+    raise ValueError(f'cold_scope must be one of {COLD_SCOPES}, got {scope!r}')
+
+
+def cold_key_of(seed, workers, processes, scope='process'):
+  """key -> the cold state key of the SDK process that measures the key: a
+  salted hash of the key over the fleet's workers x processes, the same
+  for every placement of a seed; with scope 'fleet', the fleet's one cold
+  state key."""
+  check_cold_scope(scope)
+  if scope == 'fleet':
+    return lambda key: ('cold', )
+  count = workers * processes
+
+  def cold_key(key):
+    return ('cold', position(('measuring', key), f'{seed}/m') % count)
+
+  return cold_key
+
 
 class TwoStage:
   """The two-stage policy (see bench/RESEARCH.md for its spec).

@@ -45,6 +45,15 @@ arrival order (random with respect to the prefix).
 `--measuring-shards` and `--measured-whole-batches` run the model of a batch
 pipeline with other values of 0012's _MEASURING_SHARDS and
 _MEASURED_WHOLE_BATCHES than the tree's, a what-if of the model alone.
+`--cold-scope fleet` pools streaming's cold keys in one meter for the whole
+fleet instead of one per measuring process, and `--cold-split-fills` takes
+another value of 0012's _COLD_SPLIT_FILLS, what-ifs of the model alone.
+
+`fleet-table --balanced` prints the ratios each strategy would have if
+every window's work were spread evenly over the workers (deploy.BALANCED;
+in batch, the whole job's), with the default's share of the bound's gain there: the
+part of the default's gap to the bound that its placement does not
+explain.
 """
 
 import argparse
@@ -55,6 +64,7 @@ from pathlib import Path
 
 from bench import batch as batch_model
 from bench import costs
+from bench import policies
 from bench import v4
 from bench import v4_summary
 
@@ -100,7 +110,9 @@ def fleet(
     measuring_spread=1,
     input_order='arrival',
     measuring_shards=None,
-    measured_whole_batches=None) -> dict:
+    measured_whole_batches=None,
+    cold_scope='process',
+    cold_split_fills=None) -> dict:
   """Phase A for one workload at another fleet size, with the tree's
   default AdaptiveNumShards.
 
@@ -122,11 +134,18 @@ def fleet(
       _MEASURED_WHOLE_BATCHES (batch.measuring_shards), in place of the
       tree's; none: the tree's. The tree is not changed: a what-if of the
       model alone.
+    cold_scope: where streaming pools the default's cold keys
+      (policies.COLD_SCOPES): by measuring process, as the tree does, or in one
+      meter for the fleet (a what-if of the model alone).
+    cold_split_fills: what the model takes for 0012's _COLD_SPLIT_FILLS
+      (policies.COLD_SPLIT_FILLS); none: the tree's.
 
   Returns:
     {point: figures}: the default's, `lpt`'s and the bound's median ratios,
     the default's share of the bound's gain, whether the point reached
-    steady state and its t0, the fleet's workers and the seeds.
+    steady state and its t0, the fleet's workers and the seeds, and
+    'balanced': the same ratios with every window's work spread evenly
+    over the workers (deploy.BALANCED).
   """
   from apache_beam.transforms.util import AdaptiveNumShards
   if measuring_shards is not None and measuring_shards < 2:
@@ -136,15 +155,23 @@ def fleet(
     raise ValueError(
         'measured_whole_batches must be at least 0, got '
         f'{measured_whole_batches!r}')
+  if cold_split_fills is not None and cold_split_fills < 2:
+    # At 1 the slot count would halve as soon as it doubled.
+    raise ValueError(
+        f'cold_split_fills must be at least 2, got {cold_split_fills!r}')
   (full, ) = [w for w in v4.WORKLOADS if w.name == workload_name]
   chosen = [full.scaled(workers=workers, requests=requests)]
   eval_seeds, v4.EVAL_SEEDS = v4.EVAL_SEEDS, list(seeds)
   model_constants = (
-      batch_model.MEASURING_SHARDS, batch_model.MEASURED_WHOLE_BATCHES)
+      batch_model.MEASURING_SHARDS,
+      batch_model.MEASURED_WHOLE_BATCHES,
+      policies.COLD_SPLIT_FILLS)
   if measuring_shards is not None:
     batch_model.MEASURING_SHARDS = measuring_shards
   if measured_whole_batches is not None:
     batch_model.MEASURED_WHOLE_BATCHES = measured_whole_batches
+  if cold_split_fills is not None:
+    policies.COLD_SPLIT_FILLS = cold_split_fills
   try:
     done = v4.run_all(
         AdaptiveNumShards(),
@@ -153,18 +180,21 @@ def fleet(
         chosen=chosen,
         groups=tuple(groups),
         measuring_spread=measuring_spread,
-        input_order=input_order)
+        input_order=input_order,
+        cold_scope=cold_scope)
   finally:
     v4.EVAL_SEEDS = eval_seeds
     (
         batch_model.MEASURING_SHARDS,
-        batch_model.MEASURED_WHOLE_BATCHES) = model_constants
+        batch_model.MEASURED_WHOLE_BATCHES,
+        policies.COLD_SPLIT_FILLS) = model_constants
   meta = {'workers': workers, 'requests': requests, 'seeds': list(seeds)}
   section = v4_summary.summarize(done, meta)
   out = {}
   for dep, workload, r_key, d_key, point in v4_summary.points(section):
     shape = section['meta']['workloads'][f'{workload}.{r_key}']
-    out[f'{dep}.{workload}.{r_key}.{d_key}'] = {
+    name = f'{dep}.{workload}.{r_key}.{d_key}'
+    out[name] = {
         'workers': shape['prefix_count_workload']['workers'],
         'default': point['default']['ratio'],
         'lpt': point['lpt']['ratio'],
@@ -174,6 +204,11 @@ def fleet(
         't0_s': point[v4_summary.POINT]['t0_s'],
         'seeds': point[v4_summary.POINT]['seeds'],
     }
+    if 'ratio_balanced' in point['default']:
+      out[name]['balanced'] = {
+          strategy: point[strategy]['ratio_balanced']
+          for strategy in ('default', 'lpt', 'bound')
+      }
   return out
 
 
@@ -184,10 +219,22 @@ def _header(names) -> list:
   ]
 
 
-def fleet_table(results: dict) -> str:
+def _balanced_cell(f) -> str:
+  b = f['balanced']
+  gain = b['bound'] - 1
+  share = f"{(b['default'] - 1) / gain:.2f}" if gain > 0 else '-'
+  return (
+      f"{b['default']:.2f} (lpt {b['lpt']:.2f}, bound {b['bound']:.2f}, "
+      f"share {share})")
+
+
+def fleet_table(results: dict, balanced=False) -> str:
   """Fleet runs side by side: at every point of any of them, the default's
   median ratio with `lpt`'s and the bound's, and whether the point was
-  steady (a dash where a run lacks the point)."""
+  steady (a dash where a run lacks the point). With balanced, the ratios
+  with every window's work spread evenly over the workers and the
+  default's share of the bound's gain there (a dash where a run lacks
+  them)."""
   names = list(results)
   lines = _header(names)
   points = list(dict.fromkeys(p for n in names for p in results[n]))
@@ -195,8 +242,11 @@ def fleet_table(results: dict) -> str:
     cells = []
     for n in names:
       f = results[n].get(point)
-      if f is None:
+      if f is None or (balanced and 'balanced' not in f):
         cells.append('-')
+        continue
+      if balanced:
+        cells.append(_balanced_cell(f))
         continue
       steady = '' if f['steady'] else ', not steady'
       cells.append(
@@ -284,9 +334,24 @@ def main(argv=None) -> int:
       type=int,
       help="the model's 0012 _MEASURED_WHOLE_BATCHES in batch (default: "
       "the tree's)")
+  fleet_parser.add_argument(
+      '--cold-scope',
+      default='process',
+      choices=policies.COLD_SCOPES,
+      help="where streaming pools the default's cold keys: by measuring "
+      "process (the tree's) or in one meter for the fleet")
+  fleet_parser.add_argument(
+      '--cold-split-fills',
+      type=int,
+      help="the model's 0012 _COLD_SPLIT_FILLS (default: the tree's)")
   fleet_table_parser = sub.add_parser('fleet-table')
   fleet_table_parser.add_argument('dir', type=Path)
   fleet_table_parser.add_argument('names', nargs='+')
+  fleet_table_parser.add_argument(
+      '--balanced',
+      action='store_true',
+      help='the ratios with every window\'s work spread evenly over the '
+      'workers')
   both = sub.add_parser('table')
   both.add_argument('dir', type=Path)
   both.add_argument('names', nargs='+')
@@ -314,6 +379,8 @@ def main(argv=None) -> int:
             'input_order': args.input_order,
             'measuring_shards': args.measuring_shards,
             'measured_whole_batches': args.measured_whole_batches,
+            'cold_scope': args.cold_scope,
+            'cold_split_fills': args.cold_split_fills,
             'points': fleet(
                 args.workload,
                 args.workers,
@@ -323,10 +390,14 @@ def main(argv=None) -> int:
                 args.measuring_spread,
                 args.input_order,
                 args.measuring_shards,
-                args.measured_whole_batches)
+                args.measured_whole_batches,
+                args.cold_scope,
+                args.cold_split_fills)
         })
   elif args.command == 'fleet-table':
-    print(fleet_table(_read(args.dir, args.names, 'points')))
+    print(
+        fleet_table(
+            _read(args.dir, args.names, 'points'), balanced=args.balanced))
   else:
     print(table(_read(args.dir, args.names, 'ratios')))
   return 0

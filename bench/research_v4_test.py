@@ -128,3 +128,66 @@ def test_sorted_input_changes_only_the_batch_reading_order():
       p['default'] for p in arrival.values())
   with pytest.raises(ValueError, match="input_order.*'random'"):
     research_v4.fleet('W1', input_order='random', **kwargs)
+
+
+def test_fleet_table_balanced_gives_the_even_spread_and_its_share():
+  streaming = dict(
+      _figures(1.5, True), balanced={
+          'default': 1.2, 'lpt': 1.25, 'bound': 1.4
+      })
+  text = research_v4.fleet_table({
+      'run': {
+          'batch.W1.R4.D0': _figures(2.0, True),
+          'streaming_F3.W1.R4.D0': streaming,
+      }
+  },
+                                 balanced=True)
+  lines = text.splitlines()
+  # A point without balanced figures is a dash; the share is
+  # (1.2 - 1) / 0.4.
+  assert lines[2] == '| batch.W1.R4.D0 | - |'
+  assert lines[3] == (
+      '| streaming_F3.W1.R4.D0 | 1.20 (lpt 1.25, bound 1.40, share 0.50) |')
+
+
+def test_balanced_ratios_are_bounded_by_the_bound():
+  pytest.importorskip('apache_beam.transforms.util')
+  points = research_v4.fleet('W1', workers=4, requests=600, seeds=[7])
+  for figures in points.values():
+    balanced = figures['balanced']
+    # Spread evenly, the baseline does no worse than on its busiest
+    # worker, and the bound, even already, gains less over it; no
+    # strategy's work spread evenly passes the bound.
+    assert balanced['bound'] <= figures['bound'] + 1e-9
+    assert balanced['bound'] >= balanced['default'] > 0
+    assert balanced['bound'] >= balanced['lpt'] > 0
+
+
+def test_cold_keys_pooled_for_the_fleet_change_only_streaming():
+  pytest.importorskip('apache_beam.transforms.util')
+  kwargs = dict(workers=4, requests=600, seeds=[7])
+  own = research_v4.fleet('W0', **kwargs)
+  pooled = research_v4.fleet('W0', cold_scope='fleet', **kwargs)
+  assert set(own) == set(pooled)
+  # W0's prompts share nothing, so every key is cold.
+  streaming = [p for p in own if not p.startswith('batch.')]
+  assert any(pooled[p]['default'] != own[p]['default'] for p in streaming)
+  for point in own:
+    if point.startswith('batch.'):
+      assert pooled[point]['default'] == own[point]['default']
+  with pytest.raises(ValueError, match="cold_scope.*'worker'"):
+    research_v4.fleet('W0', cold_scope='worker', **kwargs)
+
+
+def test_the_cold_split_of_the_model_can_be_changed():
+  pytest.importorskip('apache_beam.transforms.util')
+  kwargs = dict(
+      workers=4, requests=600, seeds=[7], groups=('streaming', ))
+  own = research_v4.fleet('W0', cold_scope='fleet', **kwargs)
+  finer = research_v4.fleet(
+      'W0', cold_scope='fleet', cold_split_fills=2, **kwargs)
+  assert any(finer[p]['default'] != own[p]['default'] for p in own)
+  # The model's own value is back once the run ends.
+  assert research_v4.fleet('W0', cold_scope='fleet', **kwargs) == own
+  with pytest.raises(ValueError, match='cold_split_fills.*1'):
+    research_v4.fleet('W0', cold_split_fills=1, **kwargs)

@@ -138,17 +138,6 @@ def salts_of(seed):
 _STATE: dict = {}
 
 
-def cold_key_of(seed, workers, processes=PROCESSES_PER_WORKER):
-  """key -> the cold state key of the SDK process that measures the key
-  (see the module docstring)."""
-  count = workers * processes
-
-  def cold_key(key):
-    return ('cold', frames.position(('measuring', key), f'{seed}/m') % count)
-
-  return cold_key
-
-
 def _specs(spec):
   """The num_shards spec of `default` and of `adaptive_v3`."""
   if not policies.is_two_stage(spec):
@@ -232,7 +221,8 @@ def streaming_task(workload, r_key, seed, quick):
         seed,
         batch_size=bs,
         buffering_s=BUFFERING_S,
-        cold_key=cold_key_of(seed, w, processes))
+        cold_key=policies.cold_key_of(
+            seed, w, processes, _STATE.get('cold_scope', 'process')))
     return fleet.form_batches(requests, route, bs, buffering)
 
   copies = copies_for(PROCESSES_PER_WORKER)
@@ -390,7 +380,7 @@ def batch_groups(
         measured,
         batch_size,
         BUFFERING_S,
-        cold_key_of(seed, workers, processes),
+        policies.cold_key_of(seed, workers, processes),
         measuring)
   else:
     keys = batch_model.random_shard_keys(
@@ -566,23 +556,28 @@ def run_all(
     chosen=WORKLOADS,
     groups=('streaming', 'batch'),
     measuring_spread=1,
-    input_order='arrival'):
+    input_order='arrival',
+    cold_scope='process'):
   """Runs every task (of the given groups); returns them as they came.
   measuring_spread: 1, the default's measuring step as the tree has it;
   more, spread over that many measuring keys by request id
   (deploy.Charges.first_stage_spread); 0, the step costs nothing.
   input_order: the order batch pipelines read their input in (see
-  in_input_order); streaming is read as it arrives."""
+  in_input_order); streaming is read as it arrives.
+  cold_scope: where streaming pools the default's cold keys (one of
+  policies.COLD_SCOPES; batch pools them by process)."""
   if measuring_spread < 0:
     raise ValueError(
         f'measuring_spread must be at least 0, got {measuring_spread!r}')
   _check_input_order(input_order)
+  policies.check_cold_scope(cold_scope)
   _STATE.update(
       spec=spec,
       model=model,
       p_sweep=('W1', '4'),
       measuring_spread=measuring_spread,
-      input_order=input_order)
+      input_order=input_order,
+      cold_scope=cold_scope)
   chosen = tasks(quick, chosen, groups)
   started = time.monotonic()
   done = []

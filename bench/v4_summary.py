@@ -43,9 +43,10 @@ def _row(per_seed, name, deployment):
   salt)]."""
   out = {}
   windows = ['2s', '10s', '60s', 'whole']
-  if all(deploy.FROM_START in f['capacity'] for figures, base in per_seed
-         for f in figures + base):
-    windows.append(deploy.FROM_START)
+  for extra in (deploy.FROM_START, deploy.BALANCED):
+    if all(extra in f['capacity'] for figures, base in per_seed
+           for f in figures + base):
+      windows.append(extra)
   for window in windows:
     ratios = []
     for figures, base in per_seed:
@@ -70,6 +71,8 @@ def _row(per_seed, name, deployment):
   }
   if deploy.FROM_START in out:
     row['ratio_from_start'] = statistics.median(out[deploy.FROM_START])
+  if deploy.BALANCED in out:
+    row['ratio_balanced'] = statistics.median(out[deploy.BALANCED])
   figures = [f for mine, _ in per_seed for f in mine]
   if name == 'aa':
     figures = [f for _, base in per_seed for f in base]
