@@ -105,6 +105,10 @@ def test_report_shows_the_results_figures():
   assert (
       'scored from the run\'s start, cold caches included, '
       f'{len(below)} of {goals["streaming_points"]} streaming points') in text
+  # Runs now score every run spread evenly too: the shares that way.
+  assert goals['shares_met_balanced'] is not None
+  assert f'{goals["shares_met_balanced"]} reach it;' in text
+  assert '| point | default | bound | share | share, spread evenly |' in text
   # The settings come from the run's meta, not from the report's text.
   meta = results['v4']['meta']
   assert f're-cut every {meta["range_recut_secs"]:g} s' in text
@@ -171,3 +175,14 @@ def test_report_renders_with_the_overhead_section():
   results = json.loads(json.dumps({**small_results(), **overhead_results()}))
   results['meta']['skipped'] = ['validate', 'engine']
   assert '## C. Overhead' in report.render(results)
+
+
+def test_results_from_before_the_balanced_figure_render_without_it():
+  results = small_results()
+  for dep, workload, r_key, d_key, point in v4_summary.points(results['v4']):
+    for row in point.values():
+      row.pop('ratio_balanced', None)
+  assert v4_summary.goals(results['v4'])['shares_met_balanced'] is None
+  text = report.render(results)
+  assert 'spread evenly' not in text
+  assert '| point | default | bound | share |' in text

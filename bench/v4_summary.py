@@ -321,6 +321,11 @@ def goals(section, name='default') -> dict:
           'ratio': row['ratio'],
           'bound': point['bound']['ratio'],
       })
+      if 'ratio_balanced' in row:
+        # The same share with every window's work spread evenly.
+        gain = point['bound']['ratio_balanced'] - 1
+        shares[-1]['share_balanced'] = ((row['ratio_balanced'] - 1) /
+                                        gain if gain > 0 else None)
   wins = []
   for dep in v4.DEPLOYMENTS:
     for workload in ('W1', 'W2', 'W4'):
@@ -340,6 +345,7 @@ def goals(section, name='default') -> dict:
   if below_from_start is not None:
     below_from_start.sort(key=lambda b: b['ratio'])
   met = [s for s in shares if s['share'] is not None and s['share'] >= 0.5]
+  balanced = [s.get('share_balanced') for s in shares]
   return {
       'points': total,
       'below': below,
@@ -350,4 +356,8 @@ def goals(section, name='default') -> dict:
       'wins': wins,
       'shares': shares,
       'shares_met': len(met),
+      # None for results from before the balanced figure.
+      'shares_met_balanced': (
+          sum(1 for b in balanced if b is not None and b >= SHARE_TARGET)
+          if shares and 'share_balanced' in shares[0] else None),
   }
