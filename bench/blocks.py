@@ -164,10 +164,14 @@ def _wins(results, name='default'):
   wins = '; '.join(
       f'{w["deployment"]} {w["workload"]} {w["ratio"]:.2f}x (goal '
       f'{w["target"]:.1f}x, bound {w["bound"]:.2f}x)' for w in goals['wins'])
+  balanced = goals.get('shares_met_balanced')
   return (
       f'At R4 with no decoding: {wins}. At 64 and 256 decoded tokens it '
       f'reaches half of the bound\'s gain at {goals["shares_met"]} of '
-      f'{len(goals["shares"])} points.')
+      f'{len(goals["shares"])} points' + (
+          '.' if balanced is None else
+          f', and at {balanced} with every window\'s work spread evenly '
+          'over the workers, as the bound spreads it.'))
 
 
 def _aa(results):

@@ -214,3 +214,18 @@ def test_the_losses_say_how_streaming_fares_from_the_runs_start():
   for point in blocks.v4_summary.points(results['v4']):
     point[4]['default'].pop('ratio_from_start', None)
   assert 'from the run\'s start' not in blocks._losses(results)  # pylint: disable=protected-access
+
+
+def test_the_wins_say_the_share_spread_evenly_once_a_run_has_it():
+  results = small_results()
+  goals = blocks.v4_summary.goals(results['v4'])
+  text = blocks._wins(results)  # pylint: disable=protected-access
+  assert (
+      f'at {goals["shares_met"]} of {len(goals["shares"])} points, and at '
+      f'{goals["shares_met_balanced"]} with every window') in text
+  # Results from before the figure say nothing of it.
+  for point in blocks.v4_summary.points(results['v4']):
+    for row in point[4].values():
+      row.pop('ratio_balanced', None)
+  text = blocks._wins(results)  # pylint: disable=protected-access
+  assert 'spread evenly' not in text and text.endswith(' points.')
