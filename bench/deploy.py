@@ -35,9 +35,10 @@ point scores the same requests. score turns the cells into capacity:
 scored requests over the sum, over windows, of each window's busiest
 worker's work. The batch deployment puts every batch in one cell, so its
 capacity is the makespan's. score also gives capacity[BALANCED]: the
-scored requests over the mean worker's work, as if the placement spread
-every window's work evenly (the bound's perfect balance), which parts a
-strategy's gap to the bound into its placement and the rest.
+scored requests over the mean worker's work, as if every window's work
+were spread evenly (the bound's balance) with the cache hits the run's
+placement gave. It approximately parts a strategy's gap to the bound
+into short-term imbalance and the rest.
 
 bound gives the valid upper bound of a point: the scored requests' own
 tokens, each shareable prefix computed once per fleet (and only if no

@@ -170,3 +170,15 @@ def test_known_shares_size_shards_by_the_runs_traffic():
 def test_oracle_replicas_are_grouped_by_key_and_span():
   assert policies.oracle_group(('a', 0, 2)) == ('a', 0)
   assert policies.oracle_group(('unique', 3)) is None
+
+
+def test_cold_keys_pool_by_measuring_process_or_for_the_fleet():
+  by_process = policies.cold_key_of(7, 4, 8)
+  keys = {by_process(f'k{i}') for i in range(2000)}
+  # One cold key per measuring process, the same for a key every time.
+  assert len(keys) == 32 and by_process('k1') == by_process('k1')
+  by_fleet = policies.cold_key_of(7, 4, 8, 'fleet')
+  assert {by_fleet(f'k{i}')
+          for i in range(2000)} == {('cold', )}
+  with pytest.raises(ValueError, match="cold_scope.*'worker'"):
+    policies.cold_key_of(7, 4, 8, 'worker')

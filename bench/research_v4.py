@@ -50,10 +50,11 @@ fleet instead of one per measuring process, and `--cold-split-fills` takes
 another value of 0012's _COLD_SPLIT_FILLS, what-ifs of the model alone.
 
 `fleet-table --balanced` prints the ratios each strategy would have if
-every window's work were spread evenly over the workers (deploy.BALANCED;
-in batch, the whole job's), with the default's share of the bound's gain there: the
-part of the default's gap to the bound that its placement does not
-explain.
+every window's work were spread evenly over the workers, keeping the
+cache hits its placement gave (deploy.BALANCED; in batch, the whole
+job's), with the default's share of the bound's gain there: what is left
+of the default's gap to the bound once short-term imbalance is taken
+out.
 """
 
 import argparse

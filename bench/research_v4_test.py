@@ -155,9 +155,10 @@ def test_balanced_ratios_are_bounded_by_the_bound():
   points = research_v4.fleet('W1', workers=4, requests=600, seeds=[7])
   for figures in points.values():
     balanced = figures['balanced']
-    # Spread evenly, the baseline does no worse than on its busiest
-    # worker, and the bound, even already, gains less over it; no
-    # strategy's work spread evenly passes the bound.
+    # The baseline spread evenly is at least as fast as on its busiest
+    # worker, while the bound's capacity is the same both ways: the bound
+    # gains less over it. Spread evenly, no strategy's total work passes
+    # the bound's.
     assert balanced['bound'] <= figures['bound'] + 1e-9
     assert balanced['bound'] >= balanced['default'] > 0
     assert balanced['bound'] >= balanced['lpt'] > 0
