@@ -267,7 +267,8 @@ def _goals(section):
           '' if balanced is None else
           ' With every window\'s work spread evenly over the workers, as '
           'the bound spreads it (both ratios over the baseline spread so '
-          f'too), {balanced} reach it; the difference is the placement\'s.'),
+          f'too), {balanced} reach it; the difference is short-term '
+          'imbalance between the workers.'),
       '',
   ]
 

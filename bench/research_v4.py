@@ -222,8 +222,8 @@ def _header(names) -> list:
 
 def _balanced_cell(f) -> str:
   b = f['balanced']
-  gain = b['bound'] - 1
-  share = f"{(b['default'] - 1) / gain:.2f}" if gain > 0 else '-'
+  share = v4_summary.share_of_gain(b['default'], b['bound'])
+  share = '-' if share is None else f'{share:.2f}'
   return (
       f"{b['default']:.2f} (lpt {b['lpt']:.2f}, bound {b['bound']:.2f}, "
       f"share {share})")

@@ -83,6 +83,13 @@ def _row(per_seed, name, deployment):
   return row
 
 
+def share_of_gain(ratio, bound):
+  """A ratio's share of the bound's gain over the baseline, (ratio - 1) /
+  (bound - 1); None where the bound gains nothing."""
+  gain = bound - 1
+  return (ratio - 1) / gain if gain > 0 else None
+
+
 def _point(tasks_of_point, deployment, decode):
   per_seed = {}
   names = ('baseline', 'default', 'adaptive_v3', 'keyed_8', 'lpt', 'bound')
@@ -97,10 +104,9 @@ def _point(tasks_of_point, deployment, decode):
       name: _row(rows, name, deployment)
       for name, rows in per_seed.items()
   }
-  gain = point['bound']['ratio'] - 1
   for name in ('default', 'adaptive_v3'):
-    point[name]['bound_share'] = ((point[name]['ratio'] - 1) /
-                                  gain if gain > 0 else None)
+    point[name]['bound_share'] = share_of_gain(
+        point[name]['ratio'], point['bound']['ratio'])
   infos = [t['deployments'][deployment] for t in tasks_of_point]
   point[POINT] = {
       't0_s': statistics.median(i['t0_s'] for i in infos),
@@ -314,18 +320,16 @@ def goals(section, name='default') -> dict:
           'bound_shuffled': point['bound_shuffled']['ratio'],
       })
     if d_key in ('D64', 'D256') and workload != 'W0':
-      gain = point['bound']['ratio'] - 1
       shares.append({
           'at': at,
-          'share': (row['ratio'] - 1) / gain if gain > 0 else None,
+          'share': share_of_gain(row['ratio'], point['bound']['ratio']),
           'ratio': row['ratio'],
           'bound': point['bound']['ratio'],
       })
       if 'ratio_balanced' in row:
         # The same share with every window's work spread evenly.
-        gain = point['bound']['ratio_balanced'] - 1
-        shares[-1]['share_balanced'] = ((row['ratio_balanced'] - 1) /
-                                        gain if gain > 0 else None)
+        shares[-1]['share_balanced'] = share_of_gain(
+            row['ratio_balanced'], point['bound']['ratio_balanced'])
   wins = []
   for dep in v4.DEPLOYMENTS:
     for workload in ('W1', 'W2', 'W4'):
