@@ -32,7 +32,8 @@ at the level of the module, then of the class:
   outside its test classes (and its main block) changes in a way existing
   tests could see: an import, function, helper class or statement changed
   or removed, a new one that binds a name the base already had, or a new
-  statement other than an assignment to new names;
+  statement other than an assignment to new names or an import guarded for
+  a missing module;
 - a test class (one with test methods, or whose bases end in TestCase or
   are test classes of the module) whose bases, decorators, attributes or
   other methods (setUp, a helper) change runs whole, and so do its
@@ -79,11 +80,17 @@ def _imports(node: ast.stmt) -> dict[str, str]:
 
 
 def _stored_names(node: ast.AST) -> set[str]:
-  return {
+  """The names a statement binds: by assignment, and by the imports in it
+  (those of a try block that guards them)."""
+  names = {
       name.id
       for name in ast.walk(node)
       if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store)
   }
+  for part in ast.walk(node):
+    if isinstance(part, (ast.Import, ast.ImportFrom)):
+      names.update(name.split('.')[0] for name in _imports(part))
+  return names
 
 
 # Module-level functions that unittest or pytest call around every test of
@@ -95,11 +102,41 @@ _MODULE_HOOKS = frozenset((
     'setup_module',
     'teardown_module'))
 
+# What a guarded import catches when its module is not installed.
+_IMPORT_ERRORS = frozenset(('ImportError', 'ModuleNotFoundError'))
+
+
+def _guarded_import(node: ast.stmt) -> bool:
+  """Whether a statement is an import guarded for a missing module: a try
+  block of imports whose handlers catch only ImportError and bind names.
+  It does what a new import does (which binds names, and runs what
+  importing runs), with a stand-in for each name when the module is
+  missing."""
+  if not isinstance(node, ast.Try) or node.orelse or node.finalbody:
+    return False
+  if not all(isinstance(part, (ast.Import, ast.ImportFrom))
+             for part in node.body):
+    return False
+  for handler in node.handlers:
+    caught = handler.type
+    names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+    if not names or not all(
+        isinstance(name, ast.Name) and name.id in _IMPORT_ERRORS
+        for name in names):
+      return False
+    if handler.name or not all(_only_binds(part) or isinstance(part, ast.Pass)
+                               for part in handler.body):
+      return False
+  return True
+
 
 def _only_binds(node: ast.stmt) -> bool:
   """Whether a statement does nothing but bind names: a function
   definition that is neither a module hook nor a pytest fixture (an autouse
-  one runs around every test), or an assignment to plain names."""
+  one runs around every test), an assignment to plain names, or a guarded
+  import (_guarded_import)."""
+  if _guarded_import(node):
+    return True
   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
     fixture = any(
         'fixture' in ast.unparse(decorator)

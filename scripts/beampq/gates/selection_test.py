@@ -163,13 +163,34 @@ def test_new_module_code_runs_the_module_when_it_may_reach_old_tests():
           'from os import path', 'from os import path\nfrom sys import path'),
       BASE + '\nunittest.TestCase.maxDiff = None\n',
       BASE + '\nprint(LIMIT)\n',
-      BASE + '\ntry:\n  import numpy\nexcept ImportError:\n  numpy = None\n',
+      # A try block that does more than guard an import, or that binds a
+      # name the base has.
+      BASE + '\ntry:\n  import numpy\nexcept Exception:\n  numpy = None\n',
+      BASE + '\ntry:\n  import numpy\nexcept ImportError:\n  print(1)\n',
+      BASE + '\ntry:\n  import numpy\n  print(1)\nexcept ImportError:\n'
+      '  pass\n',
+      BASE + '\ntry:\n  import numpy\nexcept ImportError:\n  pass\n'
+      'finally:\n  LIMIT = 4\n',
+      BASE + '\ntry:\n  from os import sep as path\nexcept ImportError:\n'
+      '  pass\n',
+      BASE + '\ntry:\n  import numpy\nexcept ImportError:\n  LIMIT = 4\n',
       # Hooks and fixtures that run around every test of the module.
       BASE + '\n\ndef setUpModule():\n  raise RuntimeError()\n',
       BASE + '\n\n@pytest.fixture(autouse=True)\ndef slow():\n  pass\n',
   )
   for tree in reaching:
     assert selection.module_selection(BASE, tree) == ALL, tree
+
+
+def test_a_new_guarded_import_changes_nothing():
+  guarded = (
+      '\ntry:\n  import numpy\nexcept ImportError:\n  numpy = None\n',
+      '\ntry:\n  from numpy import random as nprandom\n'
+      'except (ImportError, ModuleNotFoundError):\n  pass\n',
+  )
+  for block in guarded:
+    tree = BASE.replace('LIMIT = 3', 'LIMIT = 3\n' + block)
+    assert selection.module_selection(BASE, tree) == {}, block
 
 
 def test_a_new_import_changes_nothing():
