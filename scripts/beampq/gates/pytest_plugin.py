@@ -21,7 +21,9 @@ The sdist has no root conftest.py, so this plugin does the parts of Beam's
 that the unit tests rely on: the --test-pipeline-options option read by
 TestPipeline, the markers Beam registers, and the extra type checks Beam's
 conftest enables. With --beampq-select it runs only the tests a selection
-file names (beampq.gates.selection) and deselects the others. It also
+file names (beampq.gates.selection) and deselects the others, and with
+--beampq-serial-flag it tells whether any test to run is marked no_xdist,
+so that the serial run can be left out when none is. It also
 refuses to run when apache_beam is imported from anywhere but the patched
 tree (BEAMPQ_TREE), and prints where it came from.
 """
@@ -62,6 +64,11 @@ def pytest_addoption(parser):
       default=None,
       metavar='FILE',
       help='run only the tests this selection (JSON) names')
+  parser.addoption(
+      '--beampq-serial-flag',
+      default=None,
+      metavar='FILE',
+      help='create FILE when a test to run is marked no_xdist')
 
 
 def _imported_beam():
@@ -89,7 +96,18 @@ def pytest_report_header(config):
   return f'apache_beam.__file__: {_imported_beam()}'
 
 
+# First, so that the no_xdist tests are still among the items when -m
+# leaves them out of this run.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+  _select(config, items)
+  flag = config.getoption('beampq_serial_flag')
+  if flag and any(item.get_closest_marker('no_xdist') for item in items):
+    with open(flag, 'w'):
+      pass
+
+
+def _select(config, items):
   path = config.getoption('beampq_select')
   if path is None:
     return

@@ -66,7 +66,7 @@ def pytest_on(
     chosen: Optional[selection.Selection] = None,
     reasons: Optional[dict[str, str]] = None) -> int:
   """Runs Beam's pytest setup in an sdk folder: the tests in parallel, then
-  the no_xdist ones alone. Adds the ids of failed tests to failed, and what
+  the no_xdist ones alone, if any. Adds the ids of failed tests to failed, and what
   pytest's summary gives as each one's reason to reasons. With chosen, only
   the tests it selects run."""
   with tempfile.TemporaryDirectory(prefix='beampq-pytest-') as tmp:
@@ -120,8 +120,18 @@ def _pytest_runs(
       '-rfEs',
       '--durations=10',
   ]
+  # The parallel run creates it when a test it collects is marked
+  # no_xdist; otherwise the serial run would collect nothing, at the price
+  # of importing the modules again.
+  serial_flag = Path(env['TMPDIR']) / 'beampq-no-xdist'
+  runs = (('not no_xdist', ['-n', '2', f'--beampq-serial-flag={serial_flag}']),
+          ('no_xdist', []))
   codes = []
-  for marker, parallel in (('not no_xdist', ['-n', '2']), ('no_xdist', [])):
+  for marker, parallel in runs:
+    if marker == 'no_xdist' and not serial_flag.exists():
+      print('beampq: no test to run is marked no_xdist: no serial run')
+      codes.append(5)
+      continue
     print(f'beampq: pytest -m "{marker}" in {sdk}', flush=True)
     with subprocess.Popen(common + parallel + ['-m', marker] + targets,
                           cwd=sdk,

@@ -152,6 +152,61 @@ SDIST_WITH_TEST_SETUP = testing.make_sdist({
     'setup.cfg': '[yapf]\n',
 })
 
+SERIAL_TEST = """\
+import unittest
+
+import pytest
+
+
+class ParallelTest(unittest.TestCase):
+  def test_parallel(self):
+    pass
+
+
+@pytest.mark.no_xdist
+class SerialTest(unittest.TestCase):
+  def test_serial(self):
+    pass
+"""
+
+
+def _stub_sdk(root):
+  stubs = {
+      'apache_beam/__init__.py': '',
+      'apache_beam/options/__init__.py': '',
+      'apache_beam/options/pipeline_options.py': (
+          'def enable_all_additional_type_checks():\n  pass\n'),
+      'apache_beam/testing/__init__.py': '',
+      'apache_beam/testing/test_pipeline.py': 'class TestPipeline:\n  pass\n',
+      'apache_beam/serial_test.py': SERIAL_TEST,
+  }
+  for path, text in stubs.items():
+    (root / path).parent.mkdir(parents=True, exist_ok=True)
+    (root / path).write_text(text)
+  return root
+
+
+def test_the_serial_run_runs_only_when_a_test_to_run_needs_it(tmp_path, capsys):
+  sdk = _stub_sdk(tmp_path / 'sdk')
+  targets = ['apache_beam/serial_test.py']
+  assert suite.pytest_on(sdk, targets, tmp_path / 'cache') == 0
+  out = capsys.readouterr().out
+  assert 'pytest -m "no_xdist"' in out
+  assert '1 passed, 1 deselected' in out
+  only_parallel = {'apache_beam/serial_test.py': {'ParallelTest': '*'}}
+  assert suite.pytest_on(
+      sdk, targets, tmp_path / 'cache', chosen=only_parallel) == 0
+  out = capsys.readouterr().out
+  assert 'pytest -m "no_xdist"' not in out
+  assert 'no test to run is marked no_xdist: no serial run' in out
+  failed = []
+  (sdk / targets[0]).write_text(
+      SERIAL_TEST.replace(
+          '  def test_serial(self):\n    pass',
+          '  def test_serial(self):\n    assert False'))
+  assert suite.pytest_on(sdk, targets, tmp_path / 'cache', failed) == 1
+  assert failed == ['apache_beam/serial_test.py::SerialTest::test_serial']
+
 
 def test_options_narrow_the_modules_and_paths_replace_them():
   modules = ['apache_beam/a_test.py', 'apache_beam/b_test.py']
