@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -147,17 +148,34 @@ def fetch(project: Project, source: Optional[Path] = None) -> Path:
     actual = sha256_of(target)
     if actual == base.sha256:
       return target
-    target.unlink()
+    target.unlink(missing_ok=True)
     print(
         f'beampq: removed cached {project.rel(target)}: sha256 {actual} '
         f'is not the pinned {base.sha256}',
         file=sys.stderr)
   project.cache.mkdir(parents=True, exist_ok=True)
-  partial = target.with_name(target.name + '.part')
+  if source is not None and not source.is_file():
+    raise Error(f'{source} does not exist')
+  # A name of its own, so that two fetches at once (tests on two cores) do
+  # not write one file; the verified one is renamed into place.
+  handle, name = tempfile.mkstemp(
+      dir=project.cache, prefix=f'{base.filename}.', suffix='.part')
+  os.close(handle)
+  partial = Path(name)
+  try:
+    return _fetch_into(project, base, source, partial, target)
+  finally:
+    partial.unlink(missing_ok=True)
+
+
+def _fetch_into(
+    project: Project,
+    base: Base,
+    source: Optional[Path],
+    partial: Path,
+    target: Path) -> Path:
   if source is not None:
     origin = str(source)
-    if not source.is_file():
-      raise Error(f'{source} does not exist')
     shutil.copyfile(source, partial)
   else:
     url, listed = find_sdist(index_url(), base)
@@ -172,12 +190,10 @@ def fetch(project: Project, source: Optional[Path] = None) -> Path:
           partial.open('wb') as out:
         shutil.copyfileobj(response, out)
     except (urllib.error.URLError, OSError) as e:
-      partial.unlink(missing_ok=True)
       reason = getattr(e, 'reason', e)
       raise Error(f'cannot download {url}: {reason}') from None
   actual = sha256_of(partial)
   if actual != base.sha256:
-    partial.unlink()
     raise Error(
         f'{base.filename} from {origin} has sha256 {actual}, not the pinned '
         f'{base.sha256}; refusing it')

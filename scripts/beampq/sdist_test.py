@@ -40,6 +40,22 @@ def test_fetch_downloads_verifies_and_caches(tmp_path, index):
   assert len(index.hits) == hits, 'a verified cached file is not fetched again'
 
 
+def test_fetch_leaves_another_fetchs_download_alone(tmp_path, index):
+  # Two fetches at once (the harness tests run on two cores) each write a
+  # file of their own: this one must neither take over nor remove the
+  # other's, which is still being written.
+  index.publish('apache_beam-9.9.0.tar.gz', testing.SDIST)
+  project = testing.make_project(tmp_path)
+  project.cache.mkdir(parents=True)
+  other = project.cache / 'apache_beam-9.9.0.tar.gz.part'
+  other.write_bytes(b'half a download')
+  assert sdist.fetch(project).read_bytes() == testing.SDIST
+  assert other.read_bytes() == b'half a download'
+  assert sorted(p.name for p in project.cache.iterdir()) == [
+      'apache_beam-9.9.0.tar.gz', other.name
+  ]
+
+
 def test_fetch_reads_html_simple_pages(tmp_path, index):
   index.publish('apache_beam-9.9.0.tar.gz', testing.SDIST, html=True)
   assert sdist.fetch(
