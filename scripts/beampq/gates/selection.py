@@ -80,8 +80,8 @@ def _imports(node: ast.stmt) -> dict[str, str]:
 
 
 def _stored_names(node: ast.AST) -> set[str]:
-  """The names a statement binds: by assignment, and by the imports in it
-  (those of a try block that guards them)."""
+  """The names a statement binds: by assignment, and by the imports and
+  definitions in it (those of a try block that guards an import)."""
   names = {
       name.id
       for name in ast.walk(node)
@@ -90,6 +90,9 @@ def _stored_names(node: ast.AST) -> set[str]:
   for part in ast.walk(node):
     if isinstance(part, (ast.Import, ast.ImportFrom)):
       names.update(name.split('.')[0] for name in _imports(part))
+    elif isinstance(part,
+                    (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(part.name)
   return names
 
 
@@ -238,7 +241,8 @@ class _ModuleShape:
       if statement not in self.only_binding:
         return True
       added += names
-    return any(name in base.names for name in added)
+    # A star import may bind any name of the base's.
+    return '*' in added or any(name in base.names for name in added)
 
 
 def _changed(base: dict[str, str], tree: dict[str, str]) -> list[str]:

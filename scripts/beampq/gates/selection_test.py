@@ -170,7 +170,13 @@ def test_new_module_code_runs_the_module_when_it_may_reach_old_tests():
       BASE + '\ntry:\n  import numpy\n  print(1)\nexcept ImportError:\n'
       '  pass\n',
       BASE + '\ntry:\n  import numpy\nexcept ImportError:\n  pass\n'
-      'finally:\n  LIMIT = 4\n',
+      'finally:\n  NEW = 4\n',
+      BASE + '\ntry:\n  import numpy\nexcept ImportError as e:\n  pass\n',
+      BASE + '\ntry:\n  import numpy\nexcept:\n  numpy = None\n',
+      BASE + '\ntry:\n  import numpy\nexcept ImportError:\n'
+      '  def helper():\n    return 2\n',
+      BASE + '\ntry:\n  from numpy import *\nexcept ImportError:\n  pass\n',
+      BASE.replace('import unittest', 'from numpy import *\nimport unittest'),
       BASE + '\ntry:\n  from os import sep as path\nexcept ImportError:\n'
       '  pass\n',
       BASE + '\ntry:\n  import numpy\nexcept ImportError:\n  LIMIT = 4\n',
@@ -187,9 +193,13 @@ def test_a_new_guarded_import_changes_nothing():
       '\ntry:\n  import numpy\nexcept ImportError:\n  numpy = None\n',
       '\ntry:\n  from numpy import random as nprandom\n'
       'except (ImportError, ModuleNotFoundError):\n  pass\n',
+      '\ntry:\n  import numpy\nexcept ImportError:\n  try:\n'
+      '    import numpy_stub as numpy\n  except ImportError:\n'
+      '    numpy = None\n',
   )
   for block in guarded:
     tree = BASE.replace('LIMIT = 3', 'LIMIT = 3\n' + block)
+    assert tree != BASE
     assert selection.module_selection(BASE, tree) == {}, block
 
 

@@ -66,9 +66,9 @@ def pytest_on(
     chosen: Optional[selection.Selection] = None,
     reasons: Optional[dict[str, str]] = None) -> int:
   """Runs Beam's pytest setup in an sdk folder: the tests in parallel, then
-  the no_xdist ones alone, if any. Adds the ids of failed tests to failed, and what
-  pytest's summary gives as each one's reason to reasons. With chosen, only
-  the tests it selects run."""
+  the no_xdist ones alone, if any. Adds the ids of failed tests to failed,
+  and what pytest's summary gives as each one's reason to reasons. With
+  chosen, only the tests it selects run."""
   with tempfile.TemporaryDirectory(prefix='beampq-pytest-') as tmp:
     if chosen is not None:
       select_file = Path(tmp) / 'selection.json'
