@@ -108,8 +108,24 @@ def _losses(results, name='default', limit=8):
   return (
       f'It is below {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
       f'baseline at {len(below)} of {goals["points"]} points, the worst '
-      f'{listed}{more}.' + _within_noise(below) +
+      f'{listed}{more}.' + _within_noise(below) + _spread_evenly(goals) +
       _other_references(goals, results['v4']['meta']))
+
+
+def _spread_evenly(goals, limit=3):
+  """How many points stay below with every window's work spread evenly
+  (nothing for results from before that figure)."""
+  below = goals['below_balanced']
+  if below is None:
+    return ''
+  listed = ', '.join(at.replace('.', ' ') for at in below[:limit])
+  more = f', and {len(below) - limit} more' if len(below) > limit else ''
+  return (
+      ' With every window\'s work spread evenly over the workers, the '
+      f'baseline\'s too, {len(below)} '
+      f'{"stays" if len(below) == 1 else "stay"} below' +
+      (f' ({listed}{more})' if below else '') +
+      ': the rest is short-term imbalance between the workers.')
 
 
 def _within_noise(below):

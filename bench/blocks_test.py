@@ -216,6 +216,23 @@ def test_the_losses_say_how_streaming_fares_from_the_runs_start():
   assert 'from the run\'s start' not in blocks._losses(results)  # pylint: disable=protected-access
 
 
+def test_the_losses_say_what_stays_below_spread_evenly_once_a_run_has_it():
+  results = small_results()
+  goals = blocks.v4_summary.goals(results['v4'])
+  assert goals['below_balanced']
+  text = blocks._losses(results)  # pylint: disable=protected-access
+  assert (
+      'spread evenly over the workers, the baseline\'s too, '
+      f'{len(goals["below_balanced"])} ') in text
+  for at in goals['below_balanced'][:3]:
+    assert at.replace('.', ' ') in text
+  for point in blocks.v4_summary.points(results['v4']):
+    for row in point[4].values():
+      row.pop('ratio_balanced', None)
+  text = blocks._losses(results)  # pylint: disable=protected-access
+  assert 'spread evenly' not in text
+
+
 def test_the_wins_say_the_share_spread_evenly_once_a_run_has_it():
   results = small_results()
   goals = blocks.v4_summary.goals(results['v4'])

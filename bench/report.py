@@ -191,6 +191,19 @@ def _from_start(goals) -> str:
       f'{worst};')
 
 
+def _below_balanced(goals) -> str:
+  """How many points are below with every window's work spread evenly, as
+  a sentence with a leading space (empty for results without it)."""
+  below = goals['below_balanced']
+  if below is None:
+    return ''
+  return (
+      ' With every window\'s work spread evenly over the workers (the '
+      f'baseline\'s too), {len(below)} '
+      f'{"is" if len(below) == 1 else "are"}' +
+      (f': {", ".join(below)}.' if below else '.'))
+
+
 def _goals(section):
   goals = v4_summary.goals(section)
   v3 = v4_summary.goals(section, 'adaptive_v3')
@@ -200,7 +213,7 @@ def _goals(section):
       f'Never slower (at least {v4_summary.NEVER_SLOWER} of the baseline, '
       f'median over placements): {len(goals["below"])} of '
       f'{goals["points"]} points are below (`adaptive_v3`, every key warm: '
-      f'{len(v3["below"])}).',
+      f'{len(v3["below"])}).' + _below_balanced(goals),
       '',
       'Beside the goals: scored over '
       f'{v4_summary.window_text(section["meta"], "2s")} windows instead of '
@@ -216,6 +229,7 @@ def _goals(section):
   lines += _table(['point', 'default over stateless'],
                   [[b['at'], f'{b["ratio"]:.3f}']
                    for b in goals['below_stateless']]) + ['']
+  balanced = goals['below_balanced']
   if goals['below']:
     lines += [
         'The interval holds the median of the seeds\' ratios (each '
@@ -227,25 +241,31 @@ def _goals(section):
         'one on the floor. '
         'The last column is the bound with each element shuffled as often '
         'as the default shuffles it (twice with AdaptiveNumShards): no '
-        'strategy that does so can pass it.',
+        'strategy that does so can pass it.' + (
+            '' if balanced is None else ' The default spread evenly is its '
+            'ratio with every window\'s work spread evenly over the workers, '
+            'the baseline\'s too.'),
         '',
     ]
-    lines += _table([
+    header = [
         'point',
         'default',
         'median\'s interval',
         'its least placement',
         'A/A least placement',
         'bound, shuffled as the default'
-    ],
-                    [[
-                        b['at'],
-                        f'{b["ratio"]:.3f}',
-                        _interval(b['interval']),
-                        f'{b["ratio_min"]:.3f}',
-                        f'{b["aa_min"]:.3f}',
-                        f'{b["bound_shuffled"]:.3f}'
-                    ] for b in goals['below']]) + ['']
+    ]
+    lines += _table(
+        header + ([] if balanced is None else ['default, spread evenly']),
+        [[
+            b['at'],
+            f'{b["ratio"]:.3f}',
+            _interval(b['interval']),
+            f'{b["ratio_min"]:.3f}',
+            f'{b["aa_min"]:.3f}',
+            f'{b["bound_shuffled"]:.3f}'
+        ] + ([] if balanced is None else [f'{b["ratio_balanced"]:.3f}'])
+         for b in goals['below']]) + ['']
   lines += ['Wins at R4, decode 0:', '']
   lines += _table(
       ['deployment', 'workload', 'default', 'adaptive_v3', 'target', 'bound'],

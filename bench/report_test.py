@@ -109,6 +109,15 @@ def test_report_shows_the_results_figures():
   assert goals['shares_met_balanced'] is not None
   assert f'{goals["shares_met_balanced"]} reach it;' in text
   assert '| point | default | bound | share | share, spread evenly |' in text
+  # And the points below the floor that way, from each point's own figure.
+  rows = [point['default'] for *_, point in v4_summary.points(results['v4'])]
+  below = sum(1 for row in rows if row['ratio_balanced'] < 0.97)
+  assert len(goals['below_balanced']) == below
+  assert (
+      'spread evenly over the workers (the baseline\'s too), '
+      f'{below} ') in text
+  for b in goals['below']:
+    assert f'{b["bound_shuffled"]:.3f} | {b["ratio_balanced"]:.3f} |' in text
   # The settings come from the run's meta, not from the report's text.
   meta = results['v4']['meta']
   assert f're-cut every {meta["range_recut_secs"]:g} s' in text
@@ -183,6 +192,7 @@ def test_results_from_before_the_balanced_figure_render_without_it():
     for row in point.values():
       row.pop('ratio_balanced', None)
   assert v4_summary.goals(results['v4'])['shares_met_balanced'] is None
+  assert v4_summary.goals(results['v4'])['below_balanced'] is None
   text = report.render(results)
   assert 'spread evenly' not in text
   assert '| point | default | bound | share |' in text

@@ -291,9 +291,12 @@ def goals(section, name='default') -> dict:
   streaming = 0
   total = 0
   shares = []
+  below_balanced = []
+  has_balanced = False
   for dep, workload, r_key, d_key, point in points(section):
     total += 1
     row = point[name]
+    has_balanced = has_balanced or 'ratio_balanced' in row
     at = f'{dep}.{workload}.{r_key}.{d_key}'
     if row['ratio_2s'] < NEVER_SLOWER:
       below_2s.append(at)
@@ -318,7 +321,11 @@ def goals(section, name='default') -> dict:
           'interval': median_interval(seed_medians(row['ratios'])),
           'aa_min': point['aa']['ratio_min'],
           'bound_shuffled': point['bound_shuffled']['ratio'],
+          # None for results from before the balanced figure.
+          'ratio_balanced': row.get('ratio_balanced'),
       })
+    if row.get('ratio_balanced', 1.0) < NEVER_SLOWER:
+      below_balanced.append((row['ratio_balanced'], at))
     if d_key in ('D64', 'D256') and workload != 'W0':
       shares.append({
           'at': at,
@@ -353,6 +360,11 @@ def goals(section, name='default') -> dict:
   return {
       'points': total,
       'below': below,
+      # The points below with every window's work spread evenly over the
+      # workers, the baseline's too; None for results from before it.
+      # The worst first.
+      'below_balanced': ([at for _, at in sorted(below_balanced)]
+                         if has_balanced else None),
       'below_2s': below_2s,
       'streaming_points': streaming,
       'below_stateless': below_stateless,
