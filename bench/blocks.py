@@ -34,6 +34,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench import losses
 from bench import v4_summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,86 +94,6 @@ def _run(results):
       f'`default` is `PrefixBatchingConfig()` as the series ships it '
       f'(`{meta["default_num_shards"]}`: keys too cold to fill batches of '
       'their own share their measuring process\'s batches)')
-
-
-def _losses(results, name='default', limit=8):
-  goals = v4_summary.goals(results['v4'], name)
-  below = goals['below']
-  if not below:
-    return (
-        f'It is at least {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
-        f'baseline at all {goals["points"]} points.')
-  listed = ', '.join(
-      f'{b["at"].replace(".", " ")} ({b["ratio"]:.2f}x)' for b in below[:limit])
-  more = (f', and {len(below) - limit} more' if len(below) > limit else '')
-  return (
-      f'It is below {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
-      f'baseline at {len(below)} of {goals["points"]} points, the worst '
-      f'{listed}{more}.' + _within_noise(below) + _spread_evenly(goals) +
-      _other_references(goals, results['v4']['meta']))
-
-
-def _spread_evenly(goals, limit=3):
-  """How many points stay below with every window's work spread evenly
-  (nothing for results from before that figure)."""
-  below = goals['below_balanced']
-  if below is None:
-    return ''
-  listed = ', '.join(at.replace('.', ' ') for at in below[:limit])
-  more = f', and {len(below) - limit} more' if len(below) > limit else ''
-  return (
-      ' With every window\'s work spread evenly over the workers, the '
-      f'baseline\'s too, {len(below)} '
-      f'{"stays" if len(below) == 1 else "stay"} below' +
-      (f' ({listed}{more})' if below else '') +
-      ': the rest is short-term imbalance between the workers.')
-
-
-def _within_noise(below):
-  """How many points below the floor a run can and cannot tell from it."""
-  highs = [b['interval'][1] for b in below if b['interval'] is not None]
-  reaching = sum(1 for high in highs if high >= v4_summary.NEVER_SLOWER)
-  return (
-      f' An interval of at least {v4_summary.INTERVAL_COVERAGE:.0%} for '
-      'the median over seeds (a seed\'s placements share its requests) '
-      f'reaches {v4_summary.NEVER_SLOWER:.2f}x at {reaching} of them, '
-      'which the run cannot tell from the floor, and stays below it at '
-      f'{len(highs) - reaching}' + (
-          f'; {len(below) - len(highs)} have too few seeds for one'
-          if len(highs) < len(below) else '') + '.')
-
-
-def _other_references(goals, meta, limit=3):
-  """Where the default loses by measures beside the goals' own."""
-  stateless = goals['below_stateless']
-  listed = ', '.join(
-      f'{b["at"].replace(".", " ")} ({b["ratio"]:.2f}x)'
-      for b in stateless[:limit])
-  return (
-      ' Against 2.77.0\'s stateless path, the second streaming reference '
-      '(per-bundle batches on the reading worker, no shuffle), it is below '
-      f'{v4_summary.NEVER_SLOWER:.2f}x at {len(stateless)} of '
-      f'{goals["streaming_points"]} streaming points'
-      f'{", the worst " + listed if stateless else ""}. Scored over '
-      f'{v4_summary.window_text(meta, "2s")} windows instead of '
-      f'{v4_summary.window_text(meta)}, {len(goals["below_2s"])} of '
-      f'{goals["points"]} points are below its deployment\'s baseline.' +
-      _from_start(goals, meta))
-
-
-def _from_start(goals, meta, limit=3):
-  """Streaming scored from the run's start, as a sentence with a leading
-  space (empty for results without it)."""
-  below = goals['below_from_start']
-  if below is None:
-    return ''
-  listed = ', '.join(
-      f'{b["at"].replace(".", " ")} ({b["ratio"]:.2f}x)' for b in below[:limit])
-  return (
-      f' Scored from the run\'s start over {v4_summary.window_text(meta)} '
-      'windows, cold caches included, '
-      f'{len(below)} of {goals["streaming_points"]} streaming points are '
-      'below it' + (f', the worst {listed}' if below else '') + '.')
 
 
 def _wins(results, name='default'):
@@ -242,16 +163,16 @@ def readme_what_it_buys(results) -> str:
       '',
   ] + _table(section) + [
       '',
-      _losses(results) + ' ' + _wins(results) + ' ' + _aa(results) + ' ' +
-      _engine(results),
+      losses.sentence(results) + ' ' + _wins(results) + ' ' + _aa(results) +
+      ' ' + _engine(results),
       '',
       'The policy as benchmark v4 first measured it (`adaptive_v3`: every '
       'key warm, runs of 4 batches): ' +
-      _losses(results, 'adaptive_v3').replace('It is', 'it is', 1) + ' ' +
-      _wins(results, 'adaptive_v3'),
+      losses.sentence(results, 'adaptive_v3').replace('It is', 'it is', 1) +
+      ' ' + _wins(results, 'adaptive_v3'),
       '',
       'Eight shards per prefix (`keyed_8`, #40905\'s own default): ' +
-      _losses(results, 'keyed_8').replace('It is', 'it is', 1),
+      losses.sentence(results, 'keyed_8').replace('It is', 'it is', 1),
   ])
 
 
@@ -451,7 +372,7 @@ def pr_prefix_batching(results) -> str:
       '',
   ] + _table(section, 'keyed_8') + [
       '',
-      _losses(results, 'keyed_8').replace(
+      losses.sentence(results, 'keyed_8').replace(
           "It is below", "Eight shards are below", 1).replace(
               "its deployment's", "their deployment's", 1) +
       ' Prompts that share no prefix (W0) get batches of 1 with a prefix '
@@ -484,8 +405,8 @@ def pr_adaptive_num_shards(results) -> str:
       '',
   ] + _table(section) + [
       '',
-      _losses(results) + ' ' + _wins(results) + ' ' + _aa(results) + ' ' +
-      _engine(results),
+      losses.sentence(results) + ' ' + _wins(results) + ' ' + _aa(results) +
+      ' ' + _engine(results),
   ]
   if 'overhead' in results:
     lines += [

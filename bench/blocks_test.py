@@ -109,16 +109,6 @@ def test_the_readme_block_says_where_the_default_loses():
   assert 'not slower in any frame' not in text
 
 
-def test_the_losses_say_which_points_the_run_cannot_tell_from_the_floor():
-  # Highs of 0.99 and 0.97 reach the floor, 0.96 does not, and a point of
-  # too few seeds has no interval.
-  intervals = [(0.90, 0.99, 0.96), (0.90, 0.97, 0.96), (0.90, 0.96, 0.96)]
-  below = [{'interval': i} for i in intervals + [None]]
-  text = blocks._within_noise(below)  # pylint: disable=protected-access
-  assert 'reaches 0.97x at 2 of them' in text
-  assert 'stays below it at 1; 1 have too few seeds for one.' in text
-
-
 def _with_overhead(results):
   from bench.report_test import overhead_results
   return {**results, **overhead_results()}
@@ -199,38 +189,6 @@ def test_main_refuses_an_unknown_argument(capsys):
     blocks.main(['--wrtie'])
   assert exit_info.value.code == 2
   assert '--wrtie' in capsys.readouterr().err
-
-
-def test_the_losses_say_how_streaming_fares_from_the_runs_start():
-  # Beside the steady state, the cold start: scored from the run's start.
-  results = small_results()
-  goals = blocks.v4_summary.goals(results['v4'])
-  assert goals['below_from_start'] is not None
-  text = blocks._losses(results)  # pylint: disable=protected-access
-  assert (
-      f'{len(goals["below_from_start"])} of {goals["streaming_points"]} '
-      'streaming points are below it') in text
-  # Results from before the figure say nothing of it.
-  for point in blocks.v4_summary.points(results['v4']):
-    point[4]['default'].pop('ratio_from_start', None)
-  assert 'from the run\'s start' not in blocks._losses(results)  # pylint: disable=protected-access
-
-
-def test_the_losses_say_what_stays_below_spread_evenly_once_a_run_has_it():
-  results = small_results()
-  goals = blocks.v4_summary.goals(results['v4'])
-  assert goals['below_balanced']
-  text = blocks._losses(results)  # pylint: disable=protected-access
-  assert (
-      'spread evenly over the workers, the baseline\'s too, '
-      f'{len(goals["below_balanced"])} ') in text
-  for at in goals['below_balanced'][:3]:
-    assert at.replace('.', ' ') in text
-  for point in blocks.v4_summary.points(results['v4']):
-    for row in point[4].values():
-      row.pop('ratio_balanced', None)
-  text = blocks._losses(results)  # pylint: disable=protected-access
-  assert 'spread evenly' not in text
 
 
 def test_the_wins_say_the_share_spread_evenly_once_a_run_has_it():

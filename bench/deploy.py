@@ -38,7 +38,8 @@ capacity is the makespan's. score also gives capacity[BALANCED]: the
 scored requests over the mean worker's work, as if every window's work
 were spread evenly (the bound's balance) with the cache hits the run's
 placement gave. It approximately parts a strategy's gap to the bound
-into short-term imbalance and the rest.
+into imbalance between the workers (within windows and over the whole
+run alike) and the rest.
 
 bound gives the valid upper bound of a point: the scored requests' own
 tokens, each shareable prefix computed once per fleet (and only if no

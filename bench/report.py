@@ -197,10 +197,10 @@ def _below_balanced(goals) -> str:
   below = goals['below_balanced']
   if below is None:
     return ''
+  points = 'point is' if len(below) == 1 else 'points are'
   return (
       ' With every window\'s work spread evenly over the workers (the '
-      f'baseline\'s too), {len(below)} '
-      f'{"is" if len(below) == 1 else "are"}' +
+      f'baseline\'s too), {len(below)} {points} below' +
       (f': {", ".join(below)}.' if below else '.'))
 
 
@@ -242,9 +242,9 @@ def _goals(section):
         'The last column is the bound with each element shuffled as often '
         'as the default shuffles it (twice with AdaptiveNumShards): no '
         'strategy that does so can pass it.' + (
-            '' if balanced is None else ' The default spread evenly is its '
-            'ratio with every window\'s work spread evenly over the workers, '
-            'the baseline\'s too.'),
+            '' if balanced is None else ' The column "default, spread '
+            'evenly" is the default\'s ratio with every window\'s work '
+            'spread evenly over the workers, the baseline\'s too.'),
         '',
     ]
     header = [
@@ -287,8 +287,8 @@ def _goals(section):
           '' if balanced is None else
           ' With every window\'s work spread evenly over the workers, as '
           'the bound spreads it (both ratios over the baseline spread so '
-          f'too), {balanced} reach it; the difference is short-term '
-          'imbalance between the workers.'),
+          f'too), {balanced} reach it; the difference is imbalance '
+          'between the workers, within windows or over the whole run.'),
       '',
   ]
 

@@ -118,10 +118,37 @@ def test_report_shows_the_results_figures():
       f'{below} ') in text
   for b in goals['below']:
     assert f'{b["bound_shuffled"]:.3f} | {b["ratio_balanced"]:.3f} |' in text
+
   # The settings come from the run's meta, not from the report's text.
   meta = results['v4']['meta']
   assert f're-cut every {meta["range_recut_secs"]:g} s' in text
   assert f'batches of {meta["batch_sizes"][0]}' in text
+
+
+def test_the_points_below_spread_evenly_come_worst_first():
+  results = small_results()
+  rows = [point['default'] for *_, point in v4_summary.points(results['v4'])]
+  for i, row in enumerate(rows[:3]):
+    row['ratio_balanced'] = 0.9 + 0.01 * i
+  for row in rows[3:]:
+    row['ratio_balanced'] = 1.0
+  names = [
+      f'{dep}.{workload}.{r_key}.{d_key}'
+      for dep, workload, r_key, d_key, _ in v4_summary.points(results['v4'])
+  ]
+  goals = v4_summary.goals(results['v4'])
+  assert goals['below_balanced'] == names[:3]
+  rows[0]['ratio_balanced'] = 0.95
+  assert v4_summary.goals(
+      results['v4'])['below_balanced'] == [names[1], names[2], names[0]]
+  assert (
+      '(the baseline\'s too), 3 points are below: '
+      f'{", ".join([names[1], names[2], names[0]])}.'
+  ) in report.render(results)
+  # A row without the figure is not taken as above the floor: the results
+  # count as having none.
+  del rows[5]['ratio_balanced']
+  assert v4_summary.goals(results['v4'])['below_balanced'] is None
 
 
 def test_report_cites_the_tree_object_when_the_run_recorded_it():

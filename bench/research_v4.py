@@ -53,8 +53,8 @@ another value of 0012's _COLD_SPLIT_FILLS, what-ifs of the model alone.
 every window's work were spread evenly over the workers, keeping the
 cache hits its placement gave (deploy.BALANCED; in batch, the whole
 job's), with the default's share of the bound's gain there: what is left
-of the default's gap to the bound once short-term imbalance is taken
-out.
+of the default's gap to the bound once imbalance between the workers
+is taken out.
 """
 
 import argparse

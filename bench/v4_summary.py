@@ -282,7 +282,9 @@ def goals(section, name='default') -> dict:
   """Where a strategy meets and misses the goals of issue 23, and where it
   is below 0.97 scored over 2 s windows, against 2.77.0's stateless path
   in streaming, or in streaming scored from the run's start (None where the
-  results have no such figure)."""
+  results have no such figure). With the balanced figure (every window's
+  work spread evenly over the workers, deploy.BALANCED) on every row, also
+  the points below 0.97 that way, worst first, and the shares that way."""
   below = []
   below_2s = []
   below_stateless = []
@@ -292,11 +294,13 @@ def goals(section, name='default') -> dict:
   total = 0
   shares = []
   below_balanced = []
-  has_balanced = False
+  # Whether every row has the balanced figure: results from before it have
+  # none, and one without it is not taken as above the floor.
+  has_balanced = all(
+      'ratio_balanced' in point[name] for *_, point in points(section))
   for dep, workload, r_key, d_key, point in points(section):
     total += 1
     row = point[name]
-    has_balanced = has_balanced or 'ratio_balanced' in row
     at = f'{dep}.{workload}.{r_key}.{d_key}'
     if row['ratio_2s'] < NEVER_SLOWER:
       below_2s.append(at)
@@ -324,7 +328,7 @@ def goals(section, name='default') -> dict:
           # None for results from before the balanced figure.
           'ratio_balanced': row.get('ratio_balanced'),
       })
-    if row.get('ratio_balanced', 1.0) < NEVER_SLOWER:
+    if has_balanced and row['ratio_balanced'] < NEVER_SLOWER:
       below_balanced.append((row['ratio_balanced'], at))
     if d_key in ('D64', 'D256') and workload != 'W0':
       shares.append({
@@ -333,7 +337,7 @@ def goals(section, name='default') -> dict:
           'ratio': row['ratio'],
           'bound': point['bound']['ratio'],
       })
-      if 'ratio_balanced' in row:
+      if has_balanced:
         # The same share with every window's work spread evenly.
         shares[-1]['share_balanced'] = share_of_gain(
             row['ratio_balanced'], point['bound']['ratio_balanced'])
@@ -375,5 +379,5 @@ def goals(section, name='default') -> dict:
       # None for results from before the balanced figure.
       'shares_met_balanced': (
           sum(1 for b in balanced if b is not None and b >= SHARE_TARGET)
-          if shares and 'share_balanced' in shares[0] else None),
+          if has_balanced else None),
   }

@@ -1,0 +1,119 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""The sentences on where a strategy loses against its deployment's
+baseline, for the blocks that bench.blocks writes (stdlib only)."""
+
+from bench import v4_summary
+
+
+def sentence(results, name='default', limit=8):
+  """Where a strategy is below the floor of issue 24's goals, as the
+  blocks quote it: the worst points, which the run cannot tell from the
+  floor, which stay below with the work spread evenly, and the measures
+  beside the goals' own."""
+  goals = v4_summary.goals(results['v4'], name)
+  below = goals['below']
+  if not below:
+    return (
+        f'It is at least {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
+        f'baseline at all {goals["points"]} points.' + _spread_evenly(goals))
+  return (
+      f'It is below {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
+      f'baseline at {len(below)} of {goals["points"]} points, the worst '
+      f'{_worst(below, limit, more=True)}.' + _within_noise(below) +
+      _spread_evenly(goals) + _other_references(goals, results['v4']['meta']))
+
+
+def _worst(rows, limit, more=False):
+  """The first rows as 'point (ratio)', with how many more are left out."""
+  listed = ', '.join(
+      f'{b["at"].replace(".", " ")} ({b["ratio"]:.2f}x)' for b in rows[:limit])
+  left = len(rows) - limit
+  return listed + (f', and {left} more' if more and left > 0 else '')
+
+
+def _spread_evenly(goals, limit=3):
+  """Which points below stay below with every window's work spread evenly,
+  and which fall below only then (nothing for results without that
+  figure)."""
+  if goals['below_balanced'] is None:
+    return ''
+  below = {b['at'] for b in goals['below']}
+  stay = [at for at in goals['below_balanced'] if at in below]
+  fall = [at for at in goals['below_balanced'] if at not in below]
+
+  def listed(points):
+    names = ', '.join(at.replace('.', ' ') for at in points[:limit])
+    more = f', and {len(points) - limit} more' if len(points) > limit else ''
+    return f' ({names}{more})' if points else ''
+
+  parts = [
+      f'{len(stay)} of them {"stays" if len(stay) == 1 else "stay"} below'
+      f'{listed(stay)} and the others lose to imbalance between the workers'
+  ] if below else []
+  if fall:
+    parts.append(
+        f'{len(fall)} other {"point falls" if len(fall) == 1 else "points fall"}'
+        f' below{listed(fall)}, where the baseline\'s imbalance is the larger')
+  return (
+      ' With every window\'s work spread evenly over the workers, the '
+      f'baseline\'s too, {"; ".join(parts)}.') if parts else ''
+
+
+def _within_noise(below):
+  """How many points below the floor a run can and cannot tell from it."""
+  highs = [b['interval'][1] for b in below if b['interval'] is not None]
+  reaching = sum(1 for high in highs if high >= v4_summary.NEVER_SLOWER)
+  return (
+      f' An interval of at least {v4_summary.INTERVAL_COVERAGE:.0%} for '
+      'the median over seeds (a seed\'s placements share its requests) '
+      f'reaches {v4_summary.NEVER_SLOWER:.2f}x at {reaching} of them, '
+      'which the run cannot tell from the floor, and stays below it at '
+      f'{len(highs) - reaching}' + (
+          f'; {len(below) - len(highs)} have too few seeds for one'
+          if len(highs) < len(below) else '') + '.')
+
+
+def _other_references(goals, meta, limit=3):
+  """Where the default loses by measures beside the goals' own."""
+  stateless = goals['below_stateless']
+  listed = _worst(stateless, limit)
+  return (
+      ' Against 2.77.0\'s stateless path, the second streaming reference '
+      '(per-bundle batches on the reading worker, no shuffle), it is below '
+      f'{v4_summary.NEVER_SLOWER:.2f}x at {len(stateless)} of '
+      f'{goals["streaming_points"]} streaming points'
+      f'{", the worst " + listed if stateless else ""}. Scored over '
+      f'{v4_summary.window_text(meta, "2s")} windows instead of '
+      f'{v4_summary.window_text(meta)}, {len(goals["below_2s"])} of '
+      f'{goals["points"]} points are below its deployment\'s baseline.' +
+      _from_start(goals, meta))
+
+
+def _from_start(goals, meta, limit=3):
+  """Streaming scored from the run's start, as a sentence with a leading
+  space (empty for results without it)."""
+  below = goals['below_from_start']
+  if below is None:
+    return ''
+  listed = _worst(below, limit)
+  return (
+      f' Scored from the run\'s start over {v4_summary.window_text(meta)} '
+      'windows, cold caches included, '
+      f'{len(below)} of {goals["streaming_points"]} streaming points are '
+      'below it' + (f', the worst {listed}' if below else '') + '.')

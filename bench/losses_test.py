@@ -1,0 +1,77 @@
+#
+# Licensed to the Apache Software Foundation (ASF) under one or more
+# contributor license agreements.  See the NOTICE file distributed with
+# this work for additional information regarding copyright ownership.
+# The ASF licenses this file to You under the Apache License, Version 2.0
+# (the "License"); you may not use this file except in compliance with
+# the License.  You may obtain a copy of the License at
+#
+#    http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+
+"""Tests of bench.losses: the sentences on where a strategy loses."""
+
+from bench import losses
+from bench import v4_summary
+from bench.report_test import small_results
+
+
+def test_the_losses_say_which_points_the_run_cannot_tell_from_the_floor():
+  # Highs of 0.99 and 0.97 reach the floor, 0.96 does not, and a point of
+  # too few seeds has no interval.
+  intervals = [(0.90, 0.99, 0.96), (0.90, 0.97, 0.96), (0.90, 0.96, 0.96)]
+  below = [{'interval': i} for i in intervals + [None]]
+  text = losses._within_noise(below)  # pylint: disable=protected-access
+  assert 'reaches 0.97x at 2 of them' in text
+  assert 'stays below it at 1; 1 have too few seeds for one.' in text
+
+
+def test_the_losses_say_how_streaming_fares_from_the_runs_start():
+  # Beside the steady state, the cold start: scored from the run's start.
+  results = small_results()
+  goals = v4_summary.goals(results['v4'])
+  assert goals['below_from_start'] is not None
+  text = losses.sentence(results)  # pylint: disable=protected-access
+  assert (
+      f'{len(goals["below_from_start"])} of {goals["streaming_points"]} '
+      'streaming points are below it') in text
+  # Results from before the figure say nothing of it.
+  for point in v4_summary.points(results['v4']):
+    point[4]['default'].pop('ratio_from_start', None)
+  assert 'from the run\'s start' not in losses.sentence(results)  # pylint: disable=protected-access
+
+
+def test_the_losses_say_what_stays_below_spread_evenly_once_a_run_has_it():
+  results = small_results()
+  section = results['v4']
+  rows = {
+      f'{dep}.{workload}.{r_key}.{d_key}': point['default']
+      for dep, workload, r_key, d_key, point in v4_summary.points(section)
+  }
+  below = [at for at, row in rows.items() if row['ratio'] < 0.97]
+  above = [at for at, row in rows.items() if row['ratio'] >= 0.97]
+  # One point below stays below spread evenly, one recovers, and one above
+  # falls below only spread evenly.
+  for at, balanced in ((below[0], 0.9), (below[1], 1.1), (above[0], 0.8)):
+    rows[at]['ratio_balanced'] = balanced
+  for at in below[2:]:
+    rows[at]['ratio_balanced'] = 1.0
+  for at in above[1:]:
+    rows[at]['ratio_balanced'] = 1.0
+  text = losses.sentence(results)  # pylint: disable=protected-access
+  assert (
+      'spread evenly over the workers, the baseline\'s too, 1 of them stays '
+      f'below ({below[0].replace(".", " ")}) and the others lose to '
+      'imbalance between the workers; 1 other point falls below '
+      f'({above[0].replace(".", " ")}), where the baseline\'s imbalance is '
+      'the larger.') in text
+  for row in rows.values():
+    row.pop('ratio_balanced')
+  text = losses.sentence(results)  # pylint: disable=protected-access
+  assert 'spread evenly' not in text
