@@ -24,6 +24,7 @@ import textwrap
 
 from beampq.gates import selection
 from beampq.gates import suite
+from beampq.gates.suite_test import TEST_SETUP
 
 ALL = selection.ALL
 
@@ -254,11 +255,7 @@ def test_series_tests_reads_both_trees(tmp_path):
 def test_the_plugin_runs_only_the_selected_tests(tmp_path):
   sdk = tmp_path / 'sdk'
   stubs = {
-      'apache_beam/__init__.py': '',
-      'apache_beam/options/__init__.py': '',
-      'apache_beam/options/pipeline_options.py': 'def enable_all_additional_type_checks():\n  pass\n',
-      'apache_beam/testing/__init__.py': '',
-      'apache_beam/testing/test_pipeline.py': 'class TestPipeline:\n  pass\n',
+      **TEST_SETUP,
       'pkg/__init__.py': '',
       'pkg/a_test.py': BASE.replace(
           'class BTest(unittest.TestCase):',

@@ -140,14 +140,18 @@ class AreaTest(unittest.TestCase):
     self.assertEqual(area.area(2), 12)
 """
 
-# A base with what the gates' pytest plugin imports from Beam.
-SDIST_WITH_TEST_SETUP = testing.make_sdist({
+# What the gates' pytest plugin imports from Beam.
+TEST_SETUP = {
     'apache_beam/__init__.py': '',
     'apache_beam/options/__init__.py': '',
     'apache_beam/options/pipeline_options.py': (
         'def enable_all_additional_type_checks():\n  pass\n'),
     'apache_beam/testing/__init__.py': '',
     'apache_beam/testing/test_pipeline.py': 'class TestPipeline:\n  pass\n',
+}
+# A base with it.
+SDIST_WITH_TEST_SETUP = testing.make_sdist({
+    **TEST_SETUP,
     'apache_beam/util.py': testing.UTIL,
     'setup.cfg': '[yapf]\n',
 })
@@ -171,15 +175,7 @@ class SerialTest(unittest.TestCase):
 
 
 def _stub_sdk(root):
-  stubs = {
-      'apache_beam/__init__.py': '',
-      'apache_beam/options/__init__.py': '',
-      'apache_beam/options/pipeline_options.py': (
-          'def enable_all_additional_type_checks():\n  pass\n'),
-      'apache_beam/testing/__init__.py': '',
-      'apache_beam/testing/test_pipeline.py': 'class TestPipeline:\n  pass\n',
-      'apache_beam/serial_test.py': SERIAL_TEST,
-  }
+  stubs = {**TEST_SETUP, 'apache_beam/serial_test.py': SERIAL_TEST}
   for path, text in stubs.items():
     (root / path).parent.mkdir(parents=True, exist_ok=True)
     (root / path).write_text(text)
