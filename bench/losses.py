@@ -39,12 +39,19 @@ def sentence(results, name='default', limit=8):
       _spread_evenly(goals) + _other_references(goals, results['v4']['meta']))
 
 
+def _listed(names, limit, more=True):
+  """The first names, and how many more are left out (with more)."""
+  left = len(names) - limit
+  return ', '.join(
+      names[:limit]) + (f', and {left} more' if more and left > 0 else '')
+
+
 def _worst(rows, limit, more=False):
   """The first rows as 'point (ratio)', with how many more are left out."""
-  listed = ', '.join(
-      f'{b["at"].replace(".", " ")} ({b["ratio"]:.2f}x)' for b in rows[:limit])
-  left = len(rows) - limit
-  return listed + (f', and {left} more' if more and left > 0 else '')
+  return _listed(
+      [f'{b["at"].replace(".", " ")} ({b["ratio"]:.2f}x)' for b in rows],
+      limit,
+      more)
 
 
 def _spread_evenly(goals, limit=3):
@@ -58,9 +65,8 @@ def _spread_evenly(goals, limit=3):
   fall = [at for at in goals['below_balanced'] if at not in below]
 
   def listed(points):
-    names = ', '.join(at.replace('.', ' ') for at in points[:limit])
-    more = f', and {len(points) - limit} more' if len(points) > limit else ''
-    return f' ({names}{more})' if points else ''
+    names = [at.replace('.', ' ') for at in points]
+    return f' ({_listed(names, limit)})' if points else ''
 
   parts = [
       f'{len(stay)} of them {"stays" if len(stay) == 1 else "stay"} below'

@@ -359,8 +359,9 @@ def goals(section, name='default') -> dict:
   below_stateless.sort(key=lambda b: b['ratio'])
   if below_from_start is not None:
     below_from_start.sort(key=lambda b: b['ratio'])
-  met = [s for s in shares if s['share'] is not None and s['share'] >= 0.5]
-  balanced = [s.get('share_balanced') for s in shares]
+  met = [
+      s for s in shares if s['share'] is not None and s['share'] >= SHARE_TARGET
+  ]
   return {
       'points': total,
       'below': below,
@@ -378,6 +379,7 @@ def goals(section, name='default') -> dict:
       'shares_met': len(met),
       # None for results from before the balanced figure.
       'shares_met_balanced': (
-          sum(1 for b in balanced if b is not None and b >= SHARE_TARGET)
-          if has_balanced else None),
+          sum(
+              1 for s in shares if s['share_balanced'] is not None and
+              s['share_balanced'] >= SHARE_TARGET) if has_balanced else None),
   }
