@@ -41,15 +41,11 @@ placement gave. It approximately parts a strategy's gap to the bound
 into imbalance between the workers (within windows and over the whole
 run alike) and the rest.
 
-bound gives the valid upper bound of a point: the scored requests' own
-tokens, each shareable prefix computed once per fleet (and only if no
-request before t0 held it), full batches at the engine's best rate, no
-shuffle, and the busiest worker doing the mean work.
+bench/bound.py gives the valid upper bound of a point.
 """
 
 import bisect
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Optional
 
@@ -402,59 +398,3 @@ def score_with_start(
       run, 0, decode_tokens, model, copies, requests_total)
   figures['capacity'][FROM_START] = start['capacity']['10s']
   return figures
-
-
-def bound(
-    requests,
-    t0_cell,
-    decode_tokens,
-    model,
-    workers,
-    batch_size,
-    cell_us=CELL_US,
-    shuffles=0,
-    in_flight=None) -> dict:
-  """The valid upper bound's capacity (see the module docstring), the same
-  for every window size. With shuffles, each request also pays that many
-  element shuffles: the bound of every strategy that shuffles each element
-  as often. in_flight is the most requests a worker's DoFn threads can have
-  in flight (their count times batch_size, at most max_num_seqs, the
-  default): the engine runs at its rate there, which no strategy passes."""
-  seen: set = set()
-  work = 0.0
-  scored = 0
-  computed = total = 0
-  full = model.batch_overhead(batch_size) / batch_size
-  if in_flight is None:
-    in_flight = model.max_num_seqs
-  prefill_rate = model.efficiency(in_flight, model.prefill_half)
-  decode = (
-      decode_tokens * model.decode_token_tokens /
-      model.efficiency(in_flight, model.decode_half) +
-      shuffles * model.shuffle_tokens)
-  for request in requests:
-    counted = request.arrival_us // cell_us >= t0_cell
-    tokens = 0
-    size = 0
-    for seg, count in request.segments:
-      size += count
-      if seg // SEGMENT_KINDS not in SHAREABLE:
-        tokens += count
-      elif seg not in seen:
-        seen.add(seg)
-        tokens += count
-    if counted:
-      scored += 1
-      computed += tokens
-      total += size
-      work += tokens * BLOCK_TOKENS / prefill_rate + full + decode
-  capacity = scored / (work / workers) if work else math.inf
-  return {
-      'capacity': {
-          name: capacity
-          for name in (*WINDOWS, BALANCED)
-      },
-      'requests': scored,
-      'hit_rate': 1 - computed / total if total else 0.0,
-      'mean_batch_size': float(batch_size),
-  }

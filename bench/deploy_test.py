@@ -15,10 +15,8 @@
 # limitations under the License.
 #
 
-"""Tests of benchmark v4's placements, scoring and bound, and of its cost
+"""Tests of benchmark v4's placements and scoring, and of its cost
 model and batch deployment."""
-
-import dataclasses
 
 import pytest
 
@@ -124,40 +122,6 @@ def test_capacity_sums_the_busiest_worker_of_every_window():
   # Scored from the second cell on: only the late request counts.
   assert deploy.score(run, 1, 0, FREE, 8, 1)['capacity']['whole'] == (
       pytest.approx(1 / per_request))
-
-
-def test_the_bound_computes_each_prefix_once_per_fleet():
-  requests = [shared_request(i, 0.1 * i, i % 2) for i in range(10)]
-  bound = deploy.bound(requests, 0, 0, FREE, 2, 8)
-  work = (2 * 4 + 10 * 1) * BLOCK_TOKENS
-  assert bound['capacity']['10s'] == pytest.approx(10 / (work / 2))
-  assert bound['capacity'][deploy.BALANCED] == bound['capacity']['10s']
-  # Two shuffles per request lower it by what they cost.
-  shuffled = deploy.bound(requests, 0, 0, FREE, 2, 8, shuffles=2)
-  work += 10 * 2 * FREE.shuffle_tokens
-  assert shuffled['capacity']['10s'] == pytest.approx(10 / (work / 2))
-  # A prefix computed before t0 is not charged again: scored from the
-  # second second on, the late requests pay for their own suffixes only.
-  again = [shared_request(10 + i, 1.5 + 0.1 * i, i % 2) for i in range(10)]
-  late = deploy.bound(requests + again, 1, 0, FREE, 2, 8, cell_us=SECOND)
-  assert late['requests'] == 10
-  assert late['capacity']['10s'] == pytest.approx(10 / (10 * BLOCK_TOKENS / 2))
-
-
-def test_the_bound_runs_the_engine_at_the_most_requests_in_flight():
-  model = dataclasses.replace(FREE, prefill_half=4.0, decode_half=48.0)
-  requests = [shared_request(i, 0.1 * i, i % 2) for i in range(10)]
-  top = deploy.bound(requests, 0, 16, model, 2, 8)
-  # Workers of 16 DoFn threads hold at most 128 requests, where the engine
-  # computes a prompt token and a decoded one more slowly than at 256.
-  capped = deploy.bound(requests, 0, 16, model, 2, 8, in_flight=128)
-  prefill = (2 * 4 + 10 * 1) * BLOCK_TOKENS
-  work = (
-      prefill / model.efficiency(128, 4.0) +
-      10 * 16 / model.efficiency(128, 48.0))
-  assert capped['capacity']['10s'] == pytest.approx(10 / (work / 2))
-  assert capped['capacity']['10s'] < top['capacity']['10s']
-  assert top['capacity']['10s'] == pytest.approx(10 / ((prefill + 10 * 16) / 2))
 
 
 def test_a_spread_first_stage_moves_a_keys_measuring_off_one_worker():

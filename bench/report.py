@@ -152,8 +152,12 @@ def _meta(results):
         f'{e["shuffle_tokens"]} per element per shuffle on the worker that '
         'receives it (the default\'s measuring step is a second shuffle).',
         '',
-        '`bound`: a valid upper bound (every shareable prefix computed once '
-        'per fleet, full batches, the engine at the most requests in flight '
+        '`bound`: a valid upper bound (in batch, every shareable prefix '
+        'computed once per fleet; in streaming, as rarely as the fleet\'s '
+        'caches allow, pooled, holding the shortest gaps between a '
+        'prefix\'s uses first, each shortened by the buffering period '
+        '(bench/bound.py); full batches, the engine at the most requests in '
+        'flight '
         'the deployment\'s DoFn threads allow, no shuffle, perfect '
         'balance); `lpt`: the default\'s state keys placed by LPT over their '
         'measured whole-run work (a reference that uses hindsight, not a '

@@ -44,6 +44,7 @@ import multiprocessing
 import time
 
 from bench import batch as batch_model
+from bench import bound
 from bench import deploy
 from bench import fleet
 from bench import frames
@@ -161,18 +162,16 @@ def _charges(spec):
   }
 
 
-def _bounds(
-    requests, t0_cell, decode, model, workers, batch_size, charges, copies):
-  """The bound, and the bound with each element shuffled as often as the
-  charges of the default shuffle it, for workers of `copies` DoFn
-  threads."""
+def _bounds(blocks, decode, model, workers, batch_size, charges, copies):
+  """The bound over `blocks` (bound.prefill), and the bound with each
+  element shuffled as often as the charges of the default shuffle it, for
+  workers of `copies` DoFn threads."""
   shuffles = charges.shuffles + int(charges.first_stage)
   in_flight = model.in_flight(copies, batch_size)
   return {
       name: [
-          deploy.bound(
-              requests,
-              t0_cell,
+          bound.bound(
+              blocks,
               decode,
               model,
               workers,
@@ -285,6 +284,10 @@ def streaming_task(workload, r_key, seed, quick):
         for salt in salts:
           p_runs[(p, name, salt)] = run(
               batches, deploy.HashPlacer(w, salt), charges[name])
+  # The bound holds a prefix in the fleet's caches for as long as a request
+  # may wait; it is valid only if no strategy's request waits longer.
+  fleet_cache = bound.FleetCache(w, cache, buffering)
+  bound.check_delays(list(runs.values()) + list(p_runs.values()), buffering)
   span = requests[-1].arrival_us
   shared = [runs[('stateless', )]] + [runs[('lpt', d)] for d in f3_decodes]
   out = {'deployments': {}, 'span_s': span / MICROS}
@@ -299,6 +302,7 @@ def streaming_task(workload, r_key, seed, quick):
     all_warm = all(t is not None and t <= t0 for t in others)
     t0_cell = math.ceil(t0 / deploy.CELL_US)
     n = deploy.scored_requests(requests, t0_cell)
+    blocks = bound.prefill(requests, t0_cell, fleet_cache)
     figures = {}
     for decode in (DECODES if dep == 'streaming_F2' else f3_decodes):
       rows = figures[decode] = {}
@@ -323,15 +327,7 @@ def streaming_task(workload, r_key, seed, quick):
         lpt_run = runs[('lpt', f3_decodes[0])]
       rows['lpt'] = [scored(lpt_run)]
       rows.update(
-          _bounds(
-              requests,
-              t0_cell,
-              decode,
-              model,
-              w,
-              bs,
-              charges['default'],
-              copies_n))
+          _bounds(blocks, decode, model, w, bs, charges['default'], copies_n))
     if dep == 'streaming_F2' and p_runs:
       figures['p_sweep'] = {
           p: {
@@ -491,6 +487,9 @@ def batch_task(workload, r_key, seed, quick):
     del figures['p99_delay_s']
     return figures
 
+  # A batch runner may bring a prefix's requests together in any order:
+  # the bound has no cache limit there.
+  blocks = bound.prefill(requests, 0)
   figures = {}
   for decode in decodes_for(workload.name, r_key, 'batch'):
     rows = figures[decode] = {}
@@ -501,9 +500,7 @@ def batch_task(workload, r_key, seed, quick):
       ]
     rows['baseline'] = [score(base[salt], decode) for salt in salts]
     rows.update(
-        _bounds(
-            requests, 0, decode, model, w, bs, charges['default'],
-            BATCH_COPIES))
+        _bounds(blocks, decode, model, w, bs, charges['default'], BATCH_COPIES))
   return {
       'deployments': {
           'batch': {
