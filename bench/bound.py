@@ -18,30 +18,31 @@
 """Benchmark v4's valid upper bound of a point (stdlib only).
 
 The bound is a capacity that no strategy passes: the scored requests
-compute as few prompt blocks as any strategy could (prefill), in full
+compute only the prompt blocks that no strategy avoids (prefill), in full
 batches at the engine's best rate, with no shuffle, and the busiest
 worker does the mean work.
 
-prefill counts the fewest computed blocks in one of two ways.
+prefill counts those blocks in one of two ways.
 
 * Without a cache limit (batch, whose runner may bring a prefix's requests
   together in any order): each shareable prefix is computed once for the
   fleet, and not at all if a request before t0 used it.
-* Within the fleet's caches (streaming). A request reuses a prefix only if
-  its worker's cache has held the prefix's blocks since another request
-  used them. deploy.evaluate serves a request when its batch is emitted, at
-  most max_delay_us after it arrives, so such a hold lasts at least the
-  gap between the two arrivals less max_delay_us, and may last nothing if
-  another request of the prefix arrives within max_delay_us after it (that
-  one may be served first). From t0 on, all the holds together fit in
-  workers x blocks cached blocks over the time left to serve. Pooling the
-  fleet's caches into one and letting a hold keep any fraction of a prefix
-  only loosens that limit; under it the fewest blocks are computed by
-  holding the shortest gaps first. No placement, serving order or
-  eviction does better, so the bound stays valid for every strategy whose
-  requests wait at most max_delay_us (check_delays). It does not count
-  that a prefix is reused only behind its cached leading segments, which
-  also only loosens it.
+* Within the fleet's caches (streaming). deploy.evaluate serves a request
+  when its batch is emitted, at most max_delay_us after it arrives. Take
+  two uses of a prefix that arrive in turn more than max_delay_us apart:
+  between the first one's latest service and the second one's arrival,
+  every earlier use has been served and no later one has, so whichever
+  later use is served first reuses the prefix only if a cache held it
+  all that time. These holds belong to distinct uses and do not overlap;
+  from t0 on they fit in workers x blocks cached blocks until the last
+  arrival. Pooling the fleet's caches into one and letting a hold keep
+  any fraction of a prefix only loosens that limit, under which the
+  fewest blocks are computed by holding the shortest gaps first. No
+  placement, serving order or eviction computes fewer, so the bound stays
+  valid for every strategy whose requests wait at most max_delay_us
+  (check_delays). Uses closer together than that need no hold of their
+  own, and a prefix is reused only behind its cached leading segments,
+  which the bound does not count; both only loosen it.
 """
 
 import dataclasses
@@ -82,12 +83,12 @@ class FleetCache:
 
 @dataclasses.dataclass(frozen=True)
 class Prefill:
-  """The scored requests' prompt blocks, at the fewest computed.
+  """The scored requests' prompt blocks, and a floor under those computed.
 
   Attributes:
     requests: how many requests are scored.
-    computed: the fewest blocks they compute (fractional where the caches
-      limit it).
+    computed: the blocks every strategy computes at least (fractional
+      where the caches limit it).
     total: all their blocks.
   """
   requests: int
@@ -104,9 +105,9 @@ def prefill(
     t0_cell: int,
     cache: Optional[FleetCache] = None,
     cell_us: int = CELL_US) -> Prefill:
-  """The fewest blocks the requests arriving from t0_cell on compute, with
-  no cache limit or within the fleet's caches (see the module
-  docstring)."""
+  """The blocks of the requests arriving from t0_cell on, and the floor
+  under those computed, with no cache limit or within the fleet's caches
+  (see the module docstring)."""
   t0_us = t0_cell * cell_us
   uses: dict = {}
   scored = total = computed = 0
@@ -125,17 +126,14 @@ def prefill(
   holds = []
   for seg_uses in uses.values():
     seg_uses.sort(key=lambda use: use[0])
-    first_us, count, counted = seg_uses[0]
-    if counted:
+    if seg_uses[0][2]:
       # Whichever of its requests is served first computes the prefix.
-      computed += count
+      computed += seg_uses[0][1]
     if cache is not None:
       holds.extend(_holds(seg_uses, t0_us, cache.max_delay_us))
-  if not holds:
+  if cache is None or not holds:
     return Prefill(scored, float(computed), total)
-  budget = (
-      cache.workers * cache.blocks *
-      float(last_us + cache.max_delay_us - t0_us))
+  budget = cache.workers * cache.blocks * float(last_us - t0_us)
   fewest = float(computed)
   for length_us, count in sorted(holds):
     cost = length_us * count
@@ -149,13 +147,12 @@ def prefill(
 
 
 def _holds(seg_uses, t0_us, max_delay_us):
-  """(the shortest hold from t0 on, in us, blocks) of each scored reuse of
-  one prefix (uses in arrival order) that needs a hold."""
+  """(the hold from t0 on, in us, blocks) that each gap between one
+  prefix's uses (in arrival order) asks of the later use served first,
+  for the gaps that end at a scored use."""
   for i in range(1, len(seg_uses)):
     at_us, count, counted = seg_uses[i]
     if not counted:
-      continue
-    if (i + 1 < len(seg_uses) and seg_uses[i + 1][0] - at_us <= max_delay_us):
       continue
     length_us = at_us - max(seg_uses[i - 1][0] + max_delay_us, t0_us)
     if length_us > 0:
@@ -174,7 +171,7 @@ def check_delays(runs, max_delay_us: int):
 
 
 def bound(
-    blocks: Prefill,
+    prefill_blocks: Prefill,
     decode_tokens,
     model,
     workers,
@@ -196,16 +193,16 @@ def bound(
       model.efficiency(in_flight, model.decode_half) +
       shuffles * model.shuffle_tokens)
   work = (
-      blocks.computed * BLOCK_TOKENS /
+      prefill_blocks.computed * BLOCK_TOKENS /
       model.efficiency(in_flight, model.prefill_half) +
-      blocks.requests * per_request)
-  capacity = blocks.requests / (work / workers) if work else math.inf
+      prefill_blocks.requests * per_request)
+  capacity = (prefill_blocks.requests / (work / workers) if work else math.inf)
   return {
       'capacity': {
           name: capacity
           for name in (*WINDOWS, BALANCED)
       },
-      'requests': blocks.requests,
-      'hit_rate': blocks.hit_rate,
+      'requests': prefill_blocks.requests,
+      'hit_rate': prefill_blocks.hit_rate,
       'mean_batch_size': float(batch_size),
   }

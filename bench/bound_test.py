@@ -50,9 +50,10 @@ def test_without_a_cache_limit_each_prefix_is_computed_once_per_fleet():
   assert top['capacity'][deploy.BALANCED] == top['capacity']['10s']
   assert top['hit_rate'] == pytest.approx(1 - 18 / 50)
   # Two shuffles per request lower it by what they cost.
-  work += 10 * 2 * FREE.shuffle_tokens
+  shuffling = dataclasses.replace(FREE, shuffle_tokens=3.0)
+  work += 10 * 2 * 3.0
   assert _capacity(
-      blocks, 0, FREE, 2, 8, shuffles=2) == pytest.approx(10 / (work / 2))
+      blocks, 0, shuffling, 2, 8, shuffles=2) == pytest.approx(10 / (work / 2))
   # A prefix computed before t0 is not charged again: scored from the
   # second second on, the late requests pay for their own suffixes only.
   again = [shared_request(10 + i, 1.5 + 0.1 * i, i % 2) for i in range(10)]
@@ -111,9 +112,9 @@ def test_the_shortest_gaps_are_held_first():
   assert blocks.computed == pytest.approx(4 + 2 * 4 + 4 - 10 / 16)
 
 
-def test_a_reuse_within_the_delay_costs_no_hold():
-  # Requests may wait 1 s: a reuse 0.5 s after (or before) the other use
-  # may share its batch, and one 3 s after it holds the prefix for 2 s.
+def test_a_hold_is_shortened_by_the_delay():
+  # Requests may wait 1 s: a reuse 0.5 s after the other use may share its
+  # batch, and one 3 s after it holds the prefix for 2 s.
   requests = [
       shared_request(0, 0.0, 0),
       shared_request(1, 0.5, 0),
@@ -121,18 +122,19 @@ def test_a_reuse_within_the_delay_costs_no_hold():
   ]
   tight = bound.FleetCache(workers=1, blocks=1, max_delay_us=SECOND)
   blocks = bound.prefill(requests, 0, tight, cell_us=SECOND)
-  # The 2 s hold of 4 blocks against 4.5 block-seconds: half of it.
-  assert blocks.computed == pytest.approx(3 + 4 + 4 - 4.5 / 2)
+  # The 2 s hold of 4 blocks against 3.5 block-seconds: 1.75 blocks held.
+  assert blocks.computed == pytest.approx(3 + 4 + 4 - 3.5 / 2)
   loose = dataclasses.replace(tight, max_delay_us=3 * SECOND)
   assert bound.prefill(requests, 0, loose).computed == 3 + 4
-  # A reuse 9 s after the last may still be served after the next one,
-  # which arrives 0.5 s later: neither needs a hold.
+  # Uses at 9 and 9.5 s may share a batch, but whichever is served first
+  # finds the prefix only if a cache held it from 1 s to 9 s.
   requests = [
       shared_request(0, 0.0, 0),
       shared_request(1, 9.0, 0),
       shared_request(2, 9.5, 0),
   ]
-  assert bound.prefill(requests, 0, tight).computed == 3 + 4
+  assert bound.prefill(requests, 0,
+                       tight).computed == pytest.approx(3 + 4 + 4 - 9.5 / 8)
 
 
 def _computed_blocks(run, t0_cell=0):
@@ -153,11 +155,31 @@ def test_batching_a_prefix_within_the_delay_beats_holding_it():
       batches, deploy.HashPlacer(1, 's'), 1, 5, FREE, deploy.Charges(0))
   cache = bound.FleetCache(workers=1, blocks=5, max_delay_us=SECOND)
   assert _computed_blocks(run) == 40 + 8 * 4
-  assert bound.prefill(requests, 0, cache).computed <= 40 + 8 * 4
+  assert bound.prefill(requests, 0, cache).computed == 40 + 2 * 4
   # A bound that let no request wait would be above what this run
   # computes: it is not valid for strategies that buffer.
   unbuffered = dataclasses.replace(cache, max_delay_us=0)
   assert bound.prefill(requests, 0, unbuffered).computed > 40 + 8 * 4
+
+
+def test_a_pair_served_together_still_needs_the_prefix_held_before_it():
+  # Five 4-block prefixes each come as a pair of requests 0.5 s apart
+  # every 100 s, staggered by 20 s, on one worker that caches one prefix
+  # and a suffix. Batched by pair, each pair computes its prefix once; the
+  # first of a pair reuses it only if a cache held it for 98.5 s.
+  times = sorted((100.0 * k + 20.0 * p + half, p) for k in range(3)
+                 for p in range(5) for half in (0.0, 0.5))
+  requests = [shared_request(i, at_s, p) for i, (at_s, p) in enumerate(times)]
+  cache = bound.FleetCache(workers=1, blocks=5, max_delay_us=SECOND)
+  fewest = bound.prefill(requests, 0, cache).computed
+  # 10 gaps of 98.5 s x 4 blocks against 5 blocks over 280.5 s.
+  assert fewest == pytest.approx(30 + 20 + (10 - 5 * 280.5 / 394) * 4)
+  batches = fleet.form_batches(
+      requests, lambda r: (r.key, 0), batch_size=2, buffering_us=SECOND)
+  run = deploy.evaluate(
+      batches, deploy.HashPlacer(1, 's'), 1, 5, FREE, deploy.Charges(0))
+  assert _computed_blocks(run) == 30 + 15 * 4
+  assert bound.prefill(requests, 0).computed == 30 + 20 < fewest
 
 
 def test_a_hold_is_charged_from_t0_on():

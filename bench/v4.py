@@ -284,8 +284,8 @@ def streaming_task(workload, r_key, seed, quick):
         for salt in salts:
           p_runs[(p, name, salt)] = run(
               batches, deploy.HashPlacer(w, salt), charges[name])
-  # The bound holds a prefix in the fleet's caches for as long as a request
-  # may wait; it is valid only if no strategy's request waits longer.
+  # The bound within the fleet's caches lets a request wait the buffering
+  # period; it is valid only if no strategy's request waits longer.
   fleet_cache = bound.FleetCache(w, cache, buffering)
   bound.check_delays(list(runs.values()) + list(p_runs.values()), buffering)
   span = requests[-1].arrival_us
