@@ -98,6 +98,10 @@ class PrefixCache:
     hits = 0
     for segment, count in segments:
       held = cached.get(segment, 0)
+      if held > count:
+        raise ValueError(
+            f'segment {segment} has {count} blocks, but {held} of it are '
+            'cached: a segment keeps its length')
       hits += held
       if held < count:
         break

@@ -70,3 +70,13 @@ def test_blocks_of_names_blocks_by_segment_and_position():
 def test_capacity_must_be_positive(make):
   with pytest.raises(ValueError, match='capacity_blocks'):
     make(0)
+
+
+def test_a_segment_must_keep_its_length():
+  # PrefixCache keeps a segment's cached blocks as one count, which only
+  # holds for segments that requests use whole, at one length.
+  cache = PrefixCache(16)
+  cache.serve(((7, 4), ))
+  assert cache.serve(((7, 4), )) == 4
+  with pytest.raises(ValueError, match='segment 7 has 2 blocks, but 4'):
+    cache.serve(((7, 2), ))
