@@ -49,6 +49,14 @@ _MEASURED_WHOLE_BATCHES than the tree's, a what-if of the model alone.
 fleet instead of one per measuring process, and `--cold-split-fills` takes
 another value of 0012's _COLD_SPLIT_FILLS, what-ifs of the model alone.
 
+`pooled-lru` gives, at one point from its t0 on, the token hit rate of one
+LRU cache as large as the whole fleet's, serving every request in arrival
+order (what LRU eviction gives a router that pooled the caches
+perfectly; not a bound, since LRU can do better split), beside one
+worker's cache alone and the bound's hit rate within the fleet's caches:
+
+  python -m bench.research_v4 pooled-lru W4 64 --seed 52301 --t0-s 15.8
+
 `fleet-table --balanced` prints the ratios each strategy would have if
 every window's work were spread evenly over the workers, keeping the
 cache hits its placement gave (deploy.BALANCED; in batch, the whole
@@ -60,14 +68,20 @@ is taken out.
 import argparse
 import collections
 import json
+import math
 import statistics
 from pathlib import Path
 
 from bench import batch as batch_model
+from bench import bound
 from bench import costs
+from bench import deploy
 from bench import policies
 from bench import v4
 from bench import v4_summary
+from bench import workloads
+from bench.cache import PrefixCache
+from bench.workloads import MICROS
 
 SEEDS = [40905, 40906]
 R_KEYS = ('0_25', '4')
@@ -213,6 +227,37 @@ def fleet(
   return out
 
 
+def lru_hit_rate(requests, blocks: int, t0_cell: int) -> float:
+  """The token hit rate, from t0_cell on, of one LRU cache of `blocks`
+  serving the requests in their order."""
+  cache = PrefixCache(blocks)
+  hits = total = 0
+  for request in requests:
+    hit = cache.serve(request.segments)
+    if request.arrival_us // deploy.CELL_US >= t0_cell:
+      hits += hit
+      total += sum(count for _, count in request.segments)
+  return hits / total if total else 0.0
+
+
+def pooled_lru(workload_name: str, r_key: str, seed: int, t0_s: float):
+  """Hit rates at a streaming point from t0_s on: one LRU cache of the
+  fleet's size (pooled), one worker's (one_worker), and the bound's."""
+  workload = workloads.at_ratio({w.name: w
+                                 for w in v4.WORKLOADS}[workload_name],
+                                v4.RATIOS[r_key])
+  requests = workload.requests_at(v4.RATE_PER_WORKER, seed)
+  blocks = workloads.CACHE_TOKENS // workloads.BLOCK_TOKENS
+  t0_cell = math.ceil(t0_s * MICROS / deploy.CELL_US)
+  fleet_cache = bound.FleetCache(
+      workload.workers, blocks, round(v4.BUFFERING_S * MICROS))
+  return {
+      'pooled': lru_hit_rate(requests, workload.workers * blocks, t0_cell),
+      'one_worker': lru_hit_rate(requests, blocks, t0_cell),
+      'bound': bound.prefill(requests, t0_cell, fleet_cache).hit_rate,
+  }
+
+
 def _header(names) -> list:
   return [
       '| point | ' + ' | '.join(names) + ' |',
@@ -353,6 +398,16 @@ def main(argv=None) -> int:
       action='store_true',
       help='the ratios with every window\'s work spread evenly over the '
       'workers')
+  lru_parser = sub.add_parser('pooled-lru')
+  lru_parser.add_argument(
+      'workload', choices=[w.name for w in v4.WORKLOADS if w.name != 'W0'])
+  lru_parser.add_argument('r_key', choices=list(v4.RATIOS))
+  lru_parser.add_argument('--seed', type=int, required=True)
+  lru_parser.add_argument(
+      '--t0-s',
+      type=float,
+      required=True,
+      help="the point's t0 in seconds (bench/RESULTS.md's t0 column)")
   both = sub.add_parser('table')
   both.add_argument('dir', type=Path)
   both.add_argument('names', nargs='+')
@@ -395,6 +450,11 @@ def main(argv=None) -> int:
                 args.cold_scope,
                 args.cold_split_fills)
         })
+  elif args.command == 'pooled-lru':
+    rates = pooled_lru(args.workload, args.r_key, args.seed, args.t0_s)
+    print(
+        f'{args.workload} R{args.r_key} seed {args.seed}: ' +
+        ', '.join(f'{k} {v:.3f}' for k, v in rates.items()))
   elif args.command == 'fleet-table':
     print(
         fleet_table(

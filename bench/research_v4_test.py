@@ -21,6 +21,7 @@ import pytest
 
 from bench import research_v4
 from bench import v4
+from bench.deploy_test import shared_request
 
 
 def _figures(default, steady):
@@ -192,3 +193,25 @@ def test_the_cold_split_of_the_model_can_be_changed():
   assert research_v4.fleet('W0', cold_scope='fleet', **kwargs) == own
   with pytest.raises(ValueError, match='cold_split_fills.*1'):
     research_v4.fleet('W0', cold_split_fills=1, **kwargs)
+
+
+def test_lru_hit_rate_counts_hits_from_t0_on():
+  requests = [shared_request(i, 1.0 * i, i % 2) for i in range(6)]
+  # Everything fits: each prefix computed once, 4 of its 5 blocks a hit
+  # in every later request.
+  assert research_v4.lru_hit_rate(requests, 100, 0) == pytest.approx(4 * 4 / 30)
+  # A cache of 5 blocks holds the last request only: prefixes take turns
+  # and never hit.
+  assert research_v4.lru_hit_rate(requests, 5, 0) == 0.0
+  # From the cell of 2 s on (2 s cells): the last 4 requests, all hits.
+  assert research_v4.lru_hit_rate(requests, 100, 1) == pytest.approx(4 * 4 / 20)
+
+
+def test_pooled_lru_prints_the_three_hit_rates(capsys):
+  research_v4.main(['pooled-lru', 'W1', '64', '--seed', '1', '--t0-s', '0'])
+  line = capsys.readouterr().out
+  assert line.startswith('W1 R64 seed 1: pooled ')
+  rates = dict(part.split()[-2:] for part in line.split(': ')[1].split(', '))
+  assert set(rates) == {'pooled', 'one_worker', 'bound'}
+  assert float(rates['one_worker']) <= float(rates['pooled'])
+  assert float(rates['pooled']) <= float(rates['bound'])
