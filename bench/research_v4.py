@@ -116,6 +116,12 @@ def run(kwargs: dict, groups=('streaming', 'batch')) -> dict:
   return {k: statistics.median(v) for k, v in sorted(ratios.items())}
 
 
+def _workload(name):
+  """Benchmark v4's workload of that name, at its full size."""
+  (full, ) = [w for w in v4.WORKLOADS if w.name == name]
+  return full
+
+
 def fleet(
     workload_name: str,
     workers: int,
@@ -174,8 +180,7 @@ def fleet(
     # At 1 the slot count would halve as soon as it doubled.
     raise ValueError(
         f'cold_split_fills must be at least 2, got {cold_split_fills!r}')
-  (full, ) = [w for w in v4.WORKLOADS if w.name == workload_name]
-  chosen = [full.scaled(workers=workers, requests=requests)]
+  chosen = [_workload(workload_name).scaled(workers=workers, requests=requests)]
   eval_seeds, v4.EVAL_SEEDS = v4.EVAL_SEEDS, list(seeds)
   model_constants = (
       batch_model.MEASURING_SHARDS,
@@ -243,9 +248,7 @@ def lru_hit_rate(requests, blocks: int, t0_cell: int) -> float:
 def pooled_lru(workload_name: str, r_key: str, seed: int, t0_s: float):
   """Hit rates at a streaming point from t0_s on: one LRU cache of the
   fleet's size (pooled), one worker's (one_worker), and the bound's."""
-  workload = workloads.at_ratio({w.name: w
-                                 for w in v4.WORKLOADS}[workload_name],
-                                v4.RATIOS[r_key])
+  workload = workloads.at_ratio(_workload(workload_name), v4.RATIOS[r_key])
   requests = workload.requests_at(v4.RATE_PER_WORKER, seed)
   blocks = workloads.CACHE_TOKENS // workloads.BLOCK_TOKENS
   t0_cell = math.ceil(t0_s * MICROS / deploy.CELL_US)
