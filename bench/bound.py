@@ -178,13 +178,15 @@ def bound(
     batch_size,
     shuffles=0,
     in_flight=None) -> dict:
-  """The bound's capacity over `blocks` (prefill), the same for every
-  window size and balanced. With shuffles, each request
-  also pays that many element shuffles: the bound of every strategy that
-  shuffles each element as often. in_flight is the most requests a
-  worker's DoFn threads can have in flight (their count times batch_size,
-  at most max_num_seqs, the default): the engine runs at its rate there,
-  which no strategy passes."""
+  """The bound's capacity over prefill_blocks (prefill), the same for
+  every window size and spread evenly.
+
+  With shuffles, each request also pays that many element shuffles: the
+  bound of every strategy that shuffles each element as often. in_flight
+  is the most requests a worker's DoFn threads can have in flight (their
+  count times batch_size, at most max_num_seqs, the default): the engine
+  runs at its rate there, which no strategy passes.
+  """
   if in_flight is None:
     in_flight = model.max_num_seqs
   per_request = (

@@ -80,7 +80,7 @@ from bench import policies
 from bench import v4
 from bench import v4_summary
 from bench import workloads
-from bench.cache import PrefixCache
+from bench.fleet import Batch
 from bench.workloads import MICROS
 
 SEEDS = [40905, 40906]
@@ -234,15 +234,17 @@ def fleet(
 
 def lru_hit_rate(requests, blocks: int, t0_cell: int) -> float:
   """The token hit rate, from t0_cell on, of one LRU cache of `blocks`
-  serving the requests in their order."""
-  cache = PrefixCache(blocks)
-  hits = total = 0
-  for request in requests:
-    hit = cache.serve(request.segments)
-    if request.arrival_us // deploy.CELL_US >= t0_cell:
-      hits += hit
-      total += sum(count for _, count in request.segments)
-  return hits / total if total else 0.0
+  serving each request on its own as it arrives (deploy's serving and
+  scoring on a fleet of one)."""
+  one = deploy.evaluate(
+      [Batch(0, 'pool', [request], request.arrival_us) for request in requests],
+      deploy.StaticPlacer({'pool': 0}, 1),
+      1,
+      blocks,
+      costs.GPU,
+      deploy.Charges(0))
+  scored = deploy.scored_requests(requests, t0_cell)
+  return deploy.score(one, t0_cell, 0, costs.GPU, 1, scored)['hit_rate']
 
 
 def pooled_lru(workload_name: str, r_key: str, seed: int, t0_s: float):
