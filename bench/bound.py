@@ -51,6 +51,7 @@ from typing import Optional
 
 from bench.deploy import BALANCED
 from bench.deploy import CELL_US
+from bench.deploy import SERIAL
 from bench.deploy import WINDOWS
 from bench.workloads import BLOCK_TOKENS
 from bench.workloads import SEGMENT_KINDS
@@ -179,7 +180,9 @@ def bound(
     shuffles=0,
     in_flight=None) -> dict:
   """The bound's capacity over prefill_blocks (prefill), the same for
-  every window size and spread evenly.
+  every window size, spread evenly and with each state key's batches run
+  one at a time (deploy.SERIAL: a strategy with enough state keys has
+  every DoFn thread in flight).
 
   With shuffles, each request also pays that many element shuffles: the
   bound of every strategy that shuffles each element as often. in_flight
@@ -202,7 +205,7 @@ def bound(
   return {
       'capacity': {
           name: capacity
-          for name in (*WINDOWS, BALANCED)
+          for name in (*WINDOWS, BALANCED, SERIAL)
       },
       'requests': prefill_blocks.requests,
       'hit_rate': prefill_blocks.hit_rate,

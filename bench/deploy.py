@@ -39,7 +39,10 @@ scored requests over the mean worker's work, as if every window's work
 were spread evenly (the bound's balance) with the cache hits the run's
 placement gave. It approximately parts a strategy's gap to the bound
 into imbalance between the workers (within windows and over the whole
-run alike) and the rest.
+run alike) and the rest. And it gives capacity[SERIAL]: over 10 s windows,
+with each state key's batches run one at a time, as Dataflow and Prism run
+a key's work (key_caps); the other figures let every DoFn thread of a
+worker have a batch in flight, whatever its state keys.
 
 bench/bound.py gives the valid upper bound of a point.
 """
@@ -62,6 +65,12 @@ CELL_US = 2 * MICROS
 # The capacity of a run whose work every window spreads evenly over the
 # workers (score, bound).
 BALANCED = 'balanced'
+# The capacity over 10 s windows with each state key's batches run one at a
+# time (score's serial_batch).
+SERIAL = '10s_serial'
+# The window, in cells, over which score's serial_batch weighs each state key's
+# share of a worker's requests.
+KEY_WINDOW_CELLS = 5
 # Scoring windows, in cells (None: the whole run).
 WINDOWS = {'2s': 1, '10s': 5, '60s': 30, 'whole': None}
 # How often a range placer (streaming_F3) re-cuts its key ranges.
@@ -189,6 +198,8 @@ class Run:
     self.cache_blocks = cache_blocks
     # (worker, emission cell) -> [batches, requests]
     self.shape: dict = {}
+    # (worker, emission cell) -> {state key: its requests emitted there}
+    self.keys: dict = {}
     # (worker, emission cell, arrival cell) ->
     #   [prefill tokens, overhead, requests, shuffles, hit tokens, tokens]
     self.cells: dict = {}
@@ -236,6 +247,8 @@ def evaluate(
       shape = shape_of[(worker, emitted)] = [0, 0]
     shape[0] += 1
     shape[1] += n
+    emitting = run.keys.setdefault((worker, emitted), {})
+    emitting[batch.state_key] = emitting.get(batch.state_key, 0) + n
     overhead = model.batch_overhead(n) / n
     computed_total = 0
     by_arrival: dict = {}
@@ -321,18 +334,11 @@ def warm_time(run: Run, holds: bool):
   return max(times, default=0)
 
 
-def score(
-    run: Run,
-    t0_cell: int,
-    decode_tokens: int,
-    model,
-    copies: int,
-    requests_scored: int) -> dict:
-  """Capacity (scored requests over the sum of every window's busiest
-  worker's work) per window size, capacity[BALANCED] (over the mean
-  worker's work), and the scored requests' figures."""
+def _work(run, t0_cell, decode_tokens, model, copies, caps) -> dict:
+  """(worker, emission cell) -> the work of its requests that arrive from
+  t0_cell on, with at most caps[(worker, key window)] requests in flight
+  (none: its DoFn threads' batches)."""
   work: dict = {}
-  hits = tokens = 0.0
   for (worker, emitted, arrived), cell in run.cells.items():
     if arrived < t0_cell:
       continue
@@ -341,21 +347,67 @@ def score(
     in_flight = (
         model.in_flight(copies, shape[1] /
                         shape[0]) if shape else model.max_num_seqs)
+    if caps and shape:
+      in_flight = min(in_flight, caps[(worker, emitted // KEY_WINDOW_CELLS)])
     w = model.work(cell[0], cell[2], cell[1], cell[3], decode_tokens, in_flight)
     work[(worker, emitted)] = work.get((worker, emitted), 0.0) + w
-    hits += cell[4]
-    tokens += cell[5]
-  capacities = {}
-  for name, cells in WINDOWS.items():
-    windows: dict = {}
-    for (worker, emitted), w in work.items():
-      at = (emitted // cells if cells else 0, worker)
-      windows[at] = windows.get(at, 0.0) + w
-    busiest: dict = {}
-    for (window, _), w in windows.items():
-      busiest[window] = max(busiest.get(window, 0.0), w)
-    capacities[name] = requests_scored / sum(busiest.values())
+  return work
+
+
+def _capacity(work: dict, cells, requests_scored: int) -> float:
+  """Scored requests over the sum of every window's (of `cells` cells;
+  None: the whole run) busiest worker's work."""
+  windows: dict = {}
+  for (worker, emitted), w in work.items():
+    at = (emitted // cells if cells else 0, worker)
+    windows[at] = windows.get(at, 0.0) + w
+  busiest: dict = {}
+  for (window, _), w in windows.items():
+    busiest[window] = max(busiest.get(window, 0.0), w)
+  return requests_scored / sum(busiest.values())
+
+
+def score(
+    run: Run,
+    t0_cell: int,
+    decode_tokens: int,
+    model,
+    copies: int,
+    requests_scored: int,
+    serial_batch: Optional[int] = None) -> dict:
+  """Capacity (scored requests over the sum of every window's busiest
+  worker's work) per window size, capacity[BALANCED] (over the mean
+  worker's work), and the scored requests' figures.
+
+  Each state key's batches run one at a time, as runners process a key's
+  work serially; a saturated worker then has at most a full batch over the
+  busiest state key's share of its requests in flight (key_caps).
+  serial_batch: the batch size; capacity[SERIAL] is the capacity over
+  10 s windows under that limit (none: no such figure). The other figures
+  let every DoFn thread have a batch in flight.
+  """
+  work = _work(run, t0_cell, decode_tokens, model, copies, {})
+  hits = tokens = 0.0
+  for (worker, emitted, arrived), cell in run.cells.items():
+    if arrived >= t0_cell:
+      hits += cell[4]
+      tokens += cell[5]
+  capacities = {
+      name: _capacity(work, cells, requests_scored)
+      for name, cells in WINDOWS.items()
+  }
   capacities[BALANCED] = requests_scored / (sum(work.values()) / run.workers)
+  if serial_batch:
+    capacities[SERIAL] = _capacity(
+        _work(
+            run,
+            t0_cell,
+            decode_tokens,
+            model,
+            copies,
+            key_caps(run, serial_batch)),
+        WINDOWS['10s'],
+        requests_scored)
   scored_batches = scored_requests = 0
   for (worker, emitted), (batches, requests) in run.shape.items():
     if emitted >= t0_cell:
@@ -377,6 +429,25 @@ def score(
 FROM_START = '10s_from_start'
 
 
+def key_caps(run: Run, per_key: int) -> dict:
+  """(worker, KEY_WINDOW_CELLS window) -> the requests a saturated worker
+  can have in flight when each state key runs one batch of per_key
+  requests at a time. With n requests in flight the engine serves r(n) a
+  second, so a batch takes n / r(n) seconds (Little's law) and a key serves
+  at most per_key * r(n) / n a second. A key that carries a share f of the
+  worker's requests keeps up only while f <= per_key / n: the busiest key's
+  share bounds n."""
+  counts: dict = {}
+  for (worker, emitted), keys in run.keys.items():
+    merged = counts.setdefault((worker, emitted // KEY_WINDOW_CELLS), {})
+    for key, n in keys.items():
+      merged[key] = merged.get(key, 0) + n
+  return {
+      at: per_key * sum(c.values()) / max(c.values())
+      for at, c in counts.items()
+  }
+
+
 def scored_requests(requests, t0_cell: int) -> int:
   """How many of the requests arrive from t0_cell on."""
   return sum(1 for r in requests if r.arrival_us // CELL_US >= t0_cell)
@@ -390,10 +461,18 @@ def score_with_start(
     model,
     copies: int,
     requests_scored: int,
-    requests_total: int) -> dict:
+    requests_total: int,
+    serial_batch: Optional[int] = None) -> dict:
   """score from t0_cell, with capacity[FROM_START] from the run's start
   (requests_scored: those from t0_cell on; requests_total: all)."""
-  figures = score(run, t0_cell, decode_tokens, model, copies, requests_scored)
+  figures = score(
+      run,
+      t0_cell,
+      decode_tokens,
+      model,
+      copies,
+      requests_scored,
+      serial_batch=serial_batch)
   start = figures if t0_cell == 0 else score(
       run, 0, decode_tokens, model, copies, requests_total)
   figures['capacity'][FROM_START] = start['capacity']['10s']

@@ -124,6 +124,53 @@ def test_capacity_sums_the_busiest_worker_of_every_window():
       pytest.approx(1 / per_request))
 
 
+def test_the_serial_figure_caps_requests_in_flight_by_the_busiest_keys_share():
+  # Four batches of 2 in one cell. Each state key runs one batch at a time,
+  # so a saturated worker has at most 2 requests in flight per busiest
+  # key's share of its requests; the other figures let 8 DoFn threads have
+  # all 8.
+  model = costs.EngineModel(
+      batch_tokens=0.0,
+      request_tokens=0.0,
+      decode_token_tokens=1.0,
+      prefill_half=0.0,
+      decode_half=4.0,
+      shuffle_tokens=0.0)
+  requests = [shared_request(i, 0.1 * i, i) for i in range(8)]
+
+  def capacity(keys, window=deploy.SERIAL, serial_batch=2):
+    batches = [
+        Batch(0, keys[i], requests[2 * i:2 * i + 2], round(0.9 * SECOND))
+        for i in range(4)
+    ]
+    run = deploy.evaluate(
+        batches,
+        deploy.StaticPlacer(dict.fromkeys(keys, 0), 1),
+        1,
+        1000,
+        model,
+        deploy.Charges(0))
+    return deploy.score(
+        run, 0, 1, model, 8, 8, serial_batch=serial_batch)['capacity'][window]
+
+  # Decode work: 8 requests x 1 token at n in flight, against the engine's
+  # rate at max_num_seqs.
+  top = model.max_num_seqs / (model.max_num_seqs + 4)
+
+  def work(n):
+    return 8 * 5 * BLOCK_TOKENS + 8 / ((n / (n + 4)) / top)
+
+  assert capacity(['a', 'a', 'b', 'b'], '10s') == pytest.approx(8 / work(16))
+  # Two keys of half the requests each: 2 / 0.5 in flight.
+  assert capacity(['a', 'a', 'b', 'b']) == pytest.approx(8 / work(4))
+  # Four keys of a quarter each: 2 / 0.25.
+  assert capacity(['a', 'b', 'c', 'd']) == pytest.approx(8 / work(8))
+  # Three quarters on one key: it sets the limit, 2 / 0.75.
+  assert capacity(['a', 'a', 'a', 'b']) == pytest.approx(8 / work(8 / 3))
+  with pytest.raises(KeyError):
+    capacity(['a', 'b', 'c', 'd'], serial_batch=None)
+
+
 def test_a_spread_first_stage_moves_a_keys_measuring_off_one_worker():
   # One hot key: its batches on worker 0, its measuring step's shuffles on
   # the worker its first-stage key hashes to.

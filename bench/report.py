@@ -307,6 +307,55 @@ def _goals(section):
       [[s['at'], f'{s["ratio"]:.2f}', f'{s["bound"]:.2f}', share(s['share'])] +
        ([share(s['share_balanced'])] if balanced is not None else [])
        for s in goals['shares']])
+  return lines + [''] + _serial(goals, v3)
+
+
+def _serial(goals, v3) -> list:
+  """The goals with each state key's batches run one at a time (none for
+  results without that figure)."""
+  below = goals.get('below_serial')
+  if below is None:
+    return []
+  lines = [
+      '### One batch at a time per state key',
+      '',
+      'The figures above let each of a worker\'s DoFn threads have a batch '
+      'in flight. Runners process a state key\'s work one bundle at a time '
+      '(Dataflow, Prism), so a stateful step\'s batches of one key, and the '
+      'model calls fused after it, run one after another: a saturated '
+      'worker has at most a full batch over its busiest state key\'s share '
+      'of its requests in flight (bench/deploy.py, key_caps). That binds '
+      '2.77.0\'s stateful path (one state key per SDK process) as well as '
+      'the default, and not the stateless path, whose bundles are per '
+      'thread. Scored that way over 10 s windows, '
+      f'{len(below)} of {goals["points"]} points are below '
+      f'{v4_summary.NEVER_SLOWER} (`adaptive_v3`: '
+      f'{len(v3["below_serial"])}), and {goals["shares_met_serial"]} of '
+      f'{len(goals["shares"])} points with decoding reach '
+      f'{v4_summary.SHARE_TARGET} of the bound\'s gain (the bound keeps '
+      'every DoFn thread in flight). The points below, worst first: the '
+      'default that way, as scored above, `keyed_8` that way, and the '
+      'default over `stateless` that way (streaming):',
+      '',
+  ]
+
+  def value(v):
+    return '-' if v is None else f'{v:.3f}'
+
+  lines += _table([
+      'point',
+      'default, one batch per key at a time',
+      'default, as scored above',
+      'keyed_8, one at a time',
+      'default over stateless, one at a time'
+  ],
+                  [[
+                      b['at'],
+                      value(b['ratio']),
+                      value(b['ratio_threads']),
+                      value(b['keyed_8']),
+                      value(b['over_stateless'])
+                  ] for b in below])
   return lines + ['']
 
 

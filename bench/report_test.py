@@ -223,3 +223,43 @@ def test_results_from_before_the_balanced_figure_render_without_it():
   text = report.render(results)
   assert 'spread evenly' not in text
   assert '| point | default | bound | share |' in text
+
+
+def test_the_points_below_one_batch_per_key_come_worst_first():
+  results = small_results()
+  points = list(v4_summary.points(results['v4']))
+  rows = [point['default'] for *_, point in points]
+  for i, row in enumerate(rows[:3]):
+    row['ratio_serial'] = 0.9 + 0.01 * i
+  for row in rows[3:]:
+    row['ratio_serial'] = 1.0
+  rows[0]['ratio_serial'] = 0.95
+  names = [
+      f'{dep}.{workload}.{r_key}.{d_key}'
+      for dep, workload, r_key, d_key, _ in points
+  ]
+  goals = v4_summary.goals(results['v4'])
+  assert [b['at']
+          for b in goals['below_serial']] == [names[1], names[2], names[0]]
+  first = goals['below_serial'][0]
+  assert first['ratio'] == 0.91
+  assert first['ratio_threads'] == rows[1]['ratio']
+  assert first['keyed_8'] == points[1][-1]['keyed_8']['ratio_serial']
+  text = report.render(results)
+  assert '### One batch at a time per state key' in text
+  assert f'3 of {goals["points"]} points are below 0.97' in text
+  assert f'| {names[1]} | 0.910 | {rows[1]["ratio"]:.3f} |' in text
+  # A row without the figure: the results count as having none.
+  del rows[5]['ratio_serial']
+  goals = v4_summary.goals(results['v4'])
+  assert goals['below_serial'] is None and goals['shares_met_serial'] is None
+  assert 'One batch at a time' not in report.render(results)
+
+
+def test_every_run_has_the_serial_figure_and_the_bound_stays_above_it():
+  results = small_results()
+  for *_, point in v4_summary.points(results['v4']):
+    for name in ('default', 'baseline', 'keyed_8', 'bound'):
+      assert 'ratio_serial' in point[name], name
+    # The bound keeps every DoFn thread in flight.
+    assert point['bound']['ratio_serial'] >= point['default']['ratio_serial']

@@ -313,7 +313,8 @@ def streaming_task(workload, r_key, seed, quick):
           model=model,
           copies=copies_n,
           requests_scored=n,
-          requests_total=len(requests))
+          requests_total=len(requests),
+          serial_batch=bs)
       for name in STRATEGIES:
         key = (
             lambda salt:
@@ -481,7 +482,8 @@ def batch_task(workload, r_key, seed, quick):
                   salts[0])] = run(batches, placement, charges[name], salts[0])
 
   def score(batch_run, decode):
-    figures = deploy.score(batch_run, 0, decode, model, BATCH_COPIES, n)
+    figures = deploy.score(
+        batch_run, 0, decode, model, BATCH_COPIES, n, serial_batch=bs)
     # A batch job is scored by its makespan: its batches carry an order,
     # not an emission time, so a request has no delay to report.
     del figures['p99_delay_s']

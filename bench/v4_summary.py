@@ -43,7 +43,7 @@ def _row(per_seed, name, deployment):
   salt)]."""
   out = {}
   windows = ['2s', '10s', '60s', 'whole']
-  for extra in (deploy.FROM_START, deploy.BALANCED):
+  for extra in (deploy.FROM_START, deploy.BALANCED, deploy.SERIAL):
     if all(extra in f['capacity'] for figures, base in per_seed
            for f in figures + base):
       windows.append(extra)
@@ -73,6 +73,9 @@ def _row(per_seed, name, deployment):
     row['ratio_from_start'] = statistics.median(out[deploy.FROM_START])
   if deploy.BALANCED in out:
     row['ratio_balanced'] = statistics.median(out[deploy.BALANCED])
+  if deploy.SERIAL in out:
+    row['ratio_serial'] = statistics.median(out[deploy.SERIAL])
+    row['ratios_serial'] = out[deploy.SERIAL]
   figures = [f for mine, _ in per_seed for f in mine]
   if name == 'aa':
     figures = [f for _, base in per_seed for f in base]
@@ -284,7 +287,10 @@ def goals(section, name='default') -> dict:
   in streaming, or in streaming scored from the run's start (None where the
   results have no such figure). With the balanced figure (every window's
   work spread evenly over the workers, deploy.BALANCED) on every row, also
-  the points below 0.97 that way, worst first, and the shares that way."""
+  the points below 0.97 that way, worst first, and the shares that way.
+  With the serial figure (each state key's batches run one at a time,
+  deploy.SERIAL) on every row, also the points below 0.97 that way, worst
+  first, and the shares that way."""
   below = []
   below_2s = []
   below_stateless = []
@@ -298,6 +304,9 @@ def goals(section, name='default') -> dict:
   # none, and one without it is not taken as above the floor.
   has_balanced = all(
       'ratio_balanced' in point[name] for *_, point in points(section))
+  below_serial = []
+  has_serial = all(
+      'ratio_serial' in point[name] for *_, point in points(section))
   for dep, workload, r_key, d_key, point in points(section):
     total += 1
     row = point[name]
@@ -330,6 +339,20 @@ def goals(section, name='default') -> dict:
       })
     if has_balanced and row['ratio_balanced'] < NEVER_SLOWER:
       below_balanced.append((row['ratio_balanced'], at))
+    if has_serial and row['ratio_serial'] < NEVER_SLOWER:
+      below_serial.append({
+          'at': at,
+          'ratio': row['ratio_serial'],
+          'ratio_threads': row['ratio'],
+          'keyed_8': point['keyed_8']['ratio_serial'],
+          # Over 2.77.0's stateless path (streaming), whose per-thread
+          # bundles are not held back by state keys.
+          'over_stateless': (
+              statistics.median(
+                  a / b for a, b in zip(
+                      row['ratios_serial'], point['stateless']
+                      ['ratios_serial'])) if 'stateless' in point else None),
+      })
     if d_key in ('D64', 'D256') and workload != 'W0':
       shares.append({
           'at': at,
@@ -341,6 +364,9 @@ def goals(section, name='default') -> dict:
         # The same share with every window's work spread evenly.
         shares[-1]['share_balanced'] = share_of_gain(
             row['ratio_balanced'], point['bound']['ratio_balanced'])
+      if has_serial:
+        shares[-1]['share_serial'] = share_of_gain(
+            row['ratio_serial'], point['bound']['ratio_serial'])
   wins = []
   for dep in v4.DEPLOYMENTS:
     for workload in ('W1', 'W2', 'W4'):
@@ -356,6 +382,7 @@ def goals(section, name='default') -> dict:
           'met': point[name]['ratio'] >= WIN_TARGETS[dep],
       })
   below.sort(key=lambda b: b['ratio'])
+  below_serial.sort(key=lambda b: b['ratio'])
   below_stateless.sort(key=lambda b: b['ratio'])
   if below_from_start is not None:
     below_from_start.sort(key=lambda b: b['ratio'])
@@ -382,4 +409,11 @@ def goals(section, name='default') -> dict:
           sum(
               1 for s in shares if s['share_balanced'] is not None and
               s['share_balanced'] >= SHARE_TARGET) if has_balanced else None),
+      # With each state key's batches run one at a time; None for results
+      # from before that figure.
+      'below_serial': below_serial if has_serial else None,
+      'shares_met_serial': (
+          sum(
+              1 for s in shares if s['share_serial'] is not None and
+              s['share_serial'] >= SHARE_TARGET) if has_serial else None),
   }
