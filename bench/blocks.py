@@ -248,7 +248,8 @@ def readme_why(results) -> str:
       f'is below {v4_summary.NEVER_SLOWER:.2f}x at {len(stateless)} of '
       f'{goals["streaming_points"]} streaming points' +
       (f' (worst {worst_stateless["ratio"]:.2f}x)' if worst_stateless else '') +
-      '. Batch jobs read their input in arrival order here; on input sorted '
+      '.' + losses.serial(goals) +
+      ' Batch jobs read their input in arrival order here; on input sorted '
       'by prefix, whose splits already batch a prefix together, the default '
       'loses up to R4. The runner pays for the keyed steps: on the '
       'FnApiRunner, batching alone (no model) over 10,000 and 30,000 keys '

@@ -31,12 +31,29 @@ def sentence(results, name='default', limit=8):
   if not below:
     return (
         f'It is at least {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
-        f'baseline at all {goals["points"]} points.' + _spread_evenly(goals))
+        f'baseline at all {goals["points"]} points.' + _spread_evenly(goals) +
+        serial(goals))
   return (
       f'It is below {v4_summary.NEVER_SLOWER:.2f}x its deployment\'s '
       f'baseline at {len(below)} of {goals["points"]} points, the worst '
       f'{_worst(below, limit, more=True)}.' + _within_noise(below) +
-      _spread_evenly(goals) + _other_references(goals, results['v4']['meta']))
+      _spread_evenly(goals) + _other_references(goals, results['v4']['meta']) +
+      serial(goals))
+
+
+def serial(goals, limit=3):
+  """Where a strategy is below the floor with each state key's batches run
+  one at a time, as a sentence with a leading space (empty for results
+  without that figure)."""
+  below = goals.get('below_serial')
+  if below is None:
+    return ''
+  return (
+      ' With each state key\'s batches run one at a time, as Dataflow and '
+      'Prism run a key\'s work (its model calls fused after it, one after '
+      'another; the baseline\'s state key is the SDK process), it is below '
+      f'{v4_summary.NEVER_SLOWER:.2f}x at {len(below)} of {goals["points"]} '
+      'points' + (f', the worst {_worst(below, limit)}' if below else '') + '.')
 
 
 def _listed(names, limit, more=True):

@@ -17,6 +17,7 @@
 
 """Tests of bench.losses: the sentences on where a strategy loses."""
 
+from bench import blocks
 from bench import losses
 from bench import v4_summary
 from bench.report_test import small_results
@@ -75,3 +76,28 @@ def test_the_losses_say_what_stays_below_spread_evenly_once_a_run_has_it():
     row.pop('ratio_balanced')
   text = losses.sentence(results)  # pylint: disable=protected-access
   assert 'spread evenly' not in text
+
+
+def test_the_losses_say_how_the_default_fares_one_batch_per_key_at_a_time():
+  results = small_results()
+  rows = {
+      f'{dep} {workload} {r_key} {d_key}': point['default']
+      for dep, workload, r_key, d_key, point in v4_summary.points(
+          results['v4'])
+  }
+  names = list(rows)
+  for i, at in enumerate(names):
+    rows[at]['ratio_serial'] = 0.80 + 0.05 * i if i < 2 else 1.0
+  text = losses.sentence(results)
+  assert (
+      f'one at a time, as Dataflow and Prism run a key\'s work (its model '
+      'calls fused after it, one after another; the baseline\'s state key is '
+      f'the SDK process), it is below 0.97x at 2 of {len(rows)} points, the '
+      f'worst {names[0]} (0.80x), {names[1]} (0.85x).') in text
+  # The README's headline says it too.
+  from bench.report_test import overhead_results
+  assert 'below 0.97x at 2 of' in blocks.readme_why({
+      **results, **overhead_results()
+  })
+  rows[names[0]].pop('ratio_serial')
+  assert 'one at a time' not in losses.sentence(results)
