@@ -20,7 +20,8 @@
 Phase A's tasks for the tuning workloads (W1, W2, W3) at R0_25 and R4, on
 two of the tuning seeds, with the tree's AdaptiveNumShards built from the
 given keyword arguments; writes the default's median ratio over its
-deployment's baseline at every point. Run it on the patched tree (the
+deployment's baseline at every point, as scored and with each state key's
+batches run one at a time (deploy.SERIAL; `table --serial`). Run it on the patched tree (the
 bench-tree env's Python, PYTHONPATH=build/beam/sdks/python), one variant
 per process:
 
@@ -90,7 +91,9 @@ GOAL = 0.97
 
 
 def run(kwargs: dict, groups=('streaming', 'batch')) -> dict:
-  """{point: the default's median ratio} for AdaptiveNumShards(**kwargs)."""
+  """{'ratios': {point: the default's median ratio}, 'ratios_serial': the
+  same with each state key's batches run one at a time (deploy.SERIAL)}
+  for AdaptiveNumShards(**kwargs)."""
   from apache_beam.transforms.util import AdaptiveNumShards
   v4.EVAL_SEEDS = SEEDS
   v4.r_keys = lambda workload_name, quick=False: R_KEYS
@@ -102,18 +105,22 @@ def run(kwargs: dict, groups=('streaming', 'batch')) -> dict:
       processes=1,
       chosen=chosen,
       groups=groups)
-  ratios = collections.defaultdict(list)
-  for task in done:
-    _, workload, r_key, _ = task['task']
-    for deployment, figures in task['deployments'].items():
-      window = 'whole' if deployment == 'batch' else '10s'
-      for decode, arms in figures['figures'].items():
-        if 'baseline' not in arms or 'default' not in arms:
-          continue
-        for base, default in zip(arms['baseline'], arms['default']):
-          ratios[f'{deployment}.{workload}.R{r_key}.D{decode}'].append(
-              default['capacity'][window] / base['capacity'][window])
-  return {k: statistics.median(v) for k, v in sorted(ratios.items())}
+  out = {}
+  for field, serial in (('ratios', False), ('ratios_serial', True)):
+    ratios = collections.defaultdict(list)
+    for task in done:
+      _, workload, r_key, _ = task['task']
+      for deployment, figures in task['deployments'].items():
+        window = 'whole' if deployment == 'batch' else '10s'
+        for decode, arms in figures['figures'].items():
+          if 'baseline' not in arms or 'default' not in arms:
+            continue
+          for base, default in zip(arms['baseline'], arms['default']):
+            at = deploy.SERIAL if serial else window
+            ratios[f'{deployment}.{workload}.R{r_key}.D{decode}'].append(
+                default['capacity'][at] / base['capacity'][at])
+    out[field] = {k: statistics.median(v) for k, v in sorted(ratios.items())}
+  return out
 
 
 def _workload(name):
@@ -416,6 +423,10 @@ def main(argv=None) -> int:
   both = sub.add_parser('table')
   both.add_argument('dir', type=Path)
   both.add_argument('names', nargs='+')
+  both.add_argument(
+      '--serial',
+      action='store_true',
+      help="the ratios with each state key's batches run one at a time")
   args = parser.parse_args(argv)
   if args.command == 'run':
     _write(
@@ -424,7 +435,7 @@ def main(argv=None) -> int:
         {
             'kwargs': args.kwargs,
             'groups': args.groups,
-            'ratios': run(args.kwargs, tuple(args.groups))
+            **run(args.kwargs, tuple(args.groups)),
         })
   elif args.command == 'fleet':
     _write(
@@ -465,7 +476,12 @@ def main(argv=None) -> int:
         fleet_table(
             _read(args.dir, args.names, 'points'), balanced=args.balanced))
   else:
-    print(table(_read(args.dir, args.names, 'ratios')))
+    print(
+        table(
+            _read(
+                args.dir,
+                args.names,
+                'ratios_serial' if args.serial else 'ratios')))
   return 0
 
 

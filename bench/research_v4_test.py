@@ -17,6 +17,8 @@
 
 """Tests of the fleet-size runs of bench/research_v4.py."""
 
+import json
+
 import pytest
 
 from bench import research_v4
@@ -215,3 +217,22 @@ def test_pooled_lru_prints_the_three_hit_rates(capsys):
   assert set(rates) == {'pooled', 'one_worker', 'bound'}
   assert float(rates['one_worker']) <= float(rates['pooled'])
   assert float(rates['pooled']) <= float(rates['bound'])
+
+
+def test_table_reads_the_serial_ratios_when_asked(tmp_path, capsys):
+  for name, ratios, serial in (('a', 1.2, 0.8), ('b', 1.1, 1.05)):
+    (tmp_path / f'{name}.json').write_text(
+        json.dumps({
+            'ratios': {
+                'streaming_F2.W1.R4.D64': ratios
+            },
+            'ratios_serial': {
+                'streaming_F2.W1.R4.D64': serial
+            },
+        }))
+  research_v4.main(['table', str(tmp_path), 'a', 'b'])
+  assert '| streaming_F2.W1.R4.D64 | 1.20 | 1.10 |' in capsys.readouterr().out
+  research_v4.main(['table', str(tmp_path), 'a', 'b', '--serial'])
+  out = capsys.readouterr().out
+  assert '| streaming_F2.W1.R4.D64 | 0.80 | 1.05 |' in out
+  assert '| below 0.97 | 1 | 0 |' in out
