@@ -315,7 +315,9 @@ def _method(results):
       f'{e["request_tokens"]} per further request, '
       f'{e["decode_token_tokens"]} per decoded token, '
       f'{e["shuffle_tokens"]} per element per shuffle, at most threads x '
-      'processes x batch size requests in flight, throughput n / (n + '
+      'processes x batch size requests in flight (and, where each state '
+      'key\'s batches run one at a time, at most a batch over the busiest '
+      'state key\'s share of a worker\'s requests), throughput n / (n + '
       f'half) with half {e["prefill_half"]} (prefill) and '
       f'{e["decode_half"]} (decode).')
 
