@@ -337,7 +337,7 @@ def warm_time(run: Run, holds: bool):
 def _work(run, t0_cell, decode_tokens, model, copies, caps) -> dict:
   """(worker, emission cell) -> the work of its requests that arrive from
   t0_cell on, with at most caps[(worker, key window)] requests in flight
-  (none: its DoFn threads' batches)."""
+  (empty caps: every DoFn thread's batch)."""
   work: dict = {}
   for (worker, emitted, arrived), cell in run.cells.items():
     if arrived < t0_cell:
@@ -436,7 +436,9 @@ def key_caps(run: Run, per_key: int) -> dict:
   second, so a batch takes n / r(n) seconds (Little's law) and a key serves
   at most per_key * r(n) / n a second. A key that carries a share f of the
   worker's requests keeps up only while f <= per_key / n: the busiest key's
-  share bounds n."""
+  share bounds n. The cap counts a full batch per key, but the work keeps
+  the run's batches as they were formed (their overheads and cache hits),
+  where a saturated key's backlog would fill them."""
   counts: dict = {}
   for (worker, emitted), keys in run.keys.items():
     merged = counts.setdefault((worker, emitted // KEY_WINDOW_CELLS), {})
