@@ -18,6 +18,8 @@
 """Tests of benchmark v4's placements and scoring, and of its cost
 model and batch deployment."""
 
+import dataclasses
+
 import pytest
 
 from bench import batch as batch_model
@@ -129,13 +131,7 @@ def test_the_serial_figure_caps_requests_in_flight_by_the_busiest_keys_share():
   # so a saturated worker has at most 2 requests in flight per busiest
   # key's share of its requests; the other figures let 8 DoFn threads have
   # all 8.
-  model = costs.EngineModel(
-      batch_tokens=0.0,
-      request_tokens=0.0,
-      decode_token_tokens=1.0,
-      prefill_half=0.0,
-      decode_half=4.0,
-      shuffle_tokens=0.0)
+  model = dataclasses.replace(FREE, decode_half=4.0)
   requests = [shared_request(i, 0.1 * i, i) for i in range(8)]
 
   def capacity(keys, window=deploy.SERIAL, serial_batch=2):
