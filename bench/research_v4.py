@@ -21,9 +21,9 @@ Phase A's tasks for the tuning workloads (W1, W2, W3) at R0_25 and R4, on
 two of the tuning seeds, with the tree's AdaptiveNumShards built from the
 given keyword arguments; writes the default's median ratio over its
 deployment's baseline at every point, as scored and with each state key's
-batches run one at a time (deploy.SERIAL; `table --serial`). Run it on the patched tree (the
-bench-tree env's Python, PYTHONPATH=build/beam/sdks/python), one variant
-per process:
+batches run one at a time (deploy.SERIAL; `table --serial`). Run it on
+the patched tree (the bench-tree env's Python,
+PYTHONPATH=build/beam/sdks/python), one variant per process:
 
   python -m bench.research_v4 run NAME '{"run_batches": 1}' --out DIR
   python -m bench.research_v4 table DIR NAME ...
@@ -111,12 +111,13 @@ def run(kwargs: dict, groups=('streaming', 'batch')) -> dict:
     for task in done:
       _, workload, r_key, _ = task['task']
       for deployment, figures in task['deployments'].items():
-        window = 'whole' if deployment == 'batch' else '10s'
+        at = 'whole' if deployment == 'batch' else '10s'
+        if serial:
+          at = deploy.SERIAL
         for decode, arms in figures['figures'].items():
           if 'baseline' not in arms or 'default' not in arms:
             continue
           for base, default in zip(arms['baseline'], arms['default']):
-            at = deploy.SERIAL if serial else window
             ratios[f'{deployment}.{workload}.R{r_key}.D{decode}'].append(
                 default['capacity'][at] / base['capacity'][at])
     out[field] = {k: statistics.median(v) for k, v in sorted(ratios.items())}
