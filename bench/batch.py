@@ -32,13 +32,13 @@ only).
   burst: every element at the same processing time, so the measured rate
   only grows, and a key's elements go to a new shard every run (of
   bounded_run_batches batches, over up to bounded_max_shards shards: the
-  input is bounded). The step holds a
-  cold key's elements until the key turns warm (then they join its first
-  shard) or its input ends (then they go to the cold state keys). With
-  issue 24's default a key's first elements (until its count reaches
-  own_batches_from, or the batch size if smaller) are cold; the keys that
-  never get more fill the cold state keys of the process that measures
-  them (cold_key) one after another, COLD_PACKED_BATCHES full batches each,
+  input is bounded). The step holds a cold key's elements until the key
+  turns warm (then they join its first shard) or its input ends (then
+  they go to the cold state keys). With issue 24's default a key's first
+  elements (until its count reaches bounded_own_batches_from, or the batch
+  size if smaller) are cold; the keys that never get more fill the cold
+  state keys of the process that measures them (cold_key) one after
+  another, COLD_PACKED_BATCHES full batches each,
   which the batching step then runs as any key, mixing the cold keys'
   elements in their batches. A busy key is measured in parts
   (measuring_shards): each part measures, and runs, its elements as a key

@@ -397,11 +397,12 @@ def two_stage_from(
 
 def on_bounded_input(spec):
   """The spec that measures a batch pipeline's bounded input: the tree's
-  runs of bounded_run_batches batches there, and up to bounded_max_shards
-  shards a key, where the tree has them (0012's BatchElements.expand)."""
+  runs of bounded_run_batches batches there, up to bounded_max_shards
+  shards a key, and batches of its own from bounded_own_batches_from
+  elements, where the tree has them (0012's BatchElements.expand)."""
   bounded = {
       name: getattr(spec, f'bounded_{name}')
-      for name in ('run_batches', 'max_shards')
+      for name in ('run_batches', 'max_shards', 'own_batches_from')
       if getattr(spec, f'bounded_{name}', None) is not None
   }
   return dataclasses.replace(spec, **bounded) if bounded else spec

@@ -149,11 +149,14 @@ def test_bounded_input_takes_the_specs_bounded_runs_and_shards():
     max_shards: int = 64
     decay_secs: float = 30.0
     run_batches: int = 1
+    own_batches_from: int = 2
     bounded_run_batches: int = 16
     bounded_max_shards: int = 256
+    bounded_own_batches_from: int = 8
 
   bounded = policies.on_bounded_input(Spec())
-  assert (bounded.run_batches, bounded.max_shards) == (16, 256)
+  assert (bounded.run_batches, bounded.max_shards,
+          bounded.own_batches_from) == (16, 256, 8)
   # A spec without them (one before the tree had them) is kept as it is.
   spec = policies.TwoStageSpec()
   assert policies.on_bounded_input(spec) is spec
