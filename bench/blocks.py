@@ -92,8 +92,10 @@ def _run(results):
       'scored in steady state over '
       f'{v4_summary.window_text(v)} windows (batch: the makespan). '
       f'`default` is `PrefixBatchingConfig()` as the series ships it '
-      f'(`{meta["default_num_shards"]}`: keys too cold to fill batches of '
-      'their own share their measuring process\'s batches)')
+      f'(`{meta["default_num_shards"]}`: keys seen fewer than '
+      '`own_batches_from` times per buffering period, or on bounded input '
+      '`bounded_own_batches_from` times, share their measuring process\'s '
+      'batches)')
 
 
 def _wins(results, name='default'):
