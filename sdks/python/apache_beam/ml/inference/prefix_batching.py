@@ -314,9 +314,10 @@ class PrefixBatchingConfig:
       worker's throughput; more shards spread such a prefix over more
       workers, each of which computes the prefix once. Defaults to
       AdaptiveNumShards(), which measures each prefix's rate: prefixes seen
-      about once per buffering period (on bounded input in a batch
-      pipeline, fewer than 8 times) share batches (a recurring one on the
-      same worker), and busier ones get batches of their own, on more
+      less often than about once per buffering period (on bounded input in
+      a batch pipeline, fewer than 8 times, or a batch if smaller) share
+      batches (a recurring one on the same worker), and busier ones get
+      batches of their own, on more
       shards the busier they are, one shard at a time, in runs.
     prefix_char_len: the longest key text, in characters, for the default
       extractor. Defaults to DEFAULT_PREFIX_CHAR_LEN.
