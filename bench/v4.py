@@ -19,9 +19,9 @@
 decode length and placement (stdlib only).
 
 The strategy `default` is the tree's PrefixBatchingConfig() policy (issue
-24's AdaptiveNumShards, where keys seen less than twice per buffering
-period share their measuring process's cold state keys, as many as they
-fill); `adaptive_v3`
+24's AdaptiveNumShards, where keys seen less often than about once per
+buffering period share their measuring process's cold state keys, as
+many as they fill); `adaptive_v3`
 is the policy as benchmark v4 first measured it (0012 before issue 24:
 every key warm, runs of 4 batches), measured wherever `default` is so that
 the gap is on record. A key is measured in one SDK process: a
