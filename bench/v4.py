@@ -302,8 +302,8 @@ def streaming_task(workload, r_key, seed, quick):
     others = [deploy.warm_time(r, holds) for r in mine + shared]
     all_warm = all(t is not None and t <= t0 for t in others)
     t0_cell = math.ceil(t0 / deploy.CELL_US)
-    n = deploy.scored_requests(requests, t0_cell)
     blocks = bound.prefill(requests, t0_cell, fleet_cache)
+    n = blocks.requests
     figures = {}
     for decode in (DECODES if dep == 'streaming_F2' else f3_decodes):
       rows = figures[decode] = {}
