@@ -20,15 +20,15 @@ decode length and placement (stdlib only).
 
 The strategy `default` is the tree's PrefixBatchingConfig() policy (issue
 24's AdaptiveNumShards, where keys seen less often than about once per
-buffering period share their measuring process's cold state keys, as
-many as they fill); `adaptive_v3`
-is the policy as benchmark v4 first measured it (0012 before issue 24:
-every key warm, runs of 4 batches), measured wherever `default` is so that
-the gap is on record. A key is measured in one SDK process: a
-salted hash of its measuring key over the fleet's processes (workers x
-PROCESSES_PER_WORKER), the same for every placement of a seed, as a runner
-that keeps the measuring step's key ranges in place; the cold state keys
-themselves are placed by each deployment's placement like any state key.
+buffering period share their measuring process's cold state keys, as many
+as they fill); `adaptive_v3` is the policy as benchmark v4 first measured
+it (0012 before issue 24: every key warm, runs of 4 batches), measured
+wherever `default` is so that the gap is on record. A key is measured in
+one SDK process: a salted hash of its measuring key over the fleet's
+processes (workers x PROCESSES_PER_WORKER), the same for every placement of
+a seed, as a runner that keeps the measuring step's key ranges in place;
+the cold state keys themselves are placed by each deployment's placement
+like any state key.
 
 A task is one workload at one regime R and one evaluation seed, in one
 deployment group: streaming (streaming_F2 and streaming_F3 share the

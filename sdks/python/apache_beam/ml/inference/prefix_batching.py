@@ -317,8 +317,8 @@ class PrefixBatchingConfig:
       less often than about once per buffering period (on bounded input in
       a batch pipeline, fewer than 8 times, or a batch if smaller) share
       batches (a recurring one on the same worker), and busier ones get
-      batches of their own, on more
-      shards the busier they are, one shard at a time, in runs.
+      batches of their own, on more shards the busier they are, one shard
+      at a time, in runs.
     prefix_char_len: the longest key text, in characters, for the default
       extractor. Defaults to DEFAULT_PREFIX_CHAR_LEN.
     prefix_delimiters: the delimiters of the default extractor, for example
