@@ -141,9 +141,10 @@ def fleet(
     measuring_shards=None,
     measured_whole_batches=None,
     cold_scope='process',
-    cold_split_fills=None) -> dict:
+    cold_split_fills=None,
+    policy=None) -> dict:
   """Phase A for one workload at another fleet size, with the tree's
-  default AdaptiveNumShards.
+  AdaptiveNumShards: its default, or the one `policy` gives.
 
   Args:
     workload_name: one of benchmark v4's workloads (W0 to W4).
@@ -168,13 +169,18 @@ def fleet(
       meter for the fleet (a what-if of the model alone).
     cold_split_fills: what the model takes for 0012's _COLD_SPLIT_FILLS
       (policies.COLD_SPLIT_FILLS); none: the tree's.
+    policy: keyword arguments of the tree's AdaptiveNumShards that the
+      run's "default" strategy takes; none: its defaults. This weighs a
+      setting on other seeds and fleet sizes than `run` does, without
+      changing the tree.
 
   Returns:
     {point: figures}: the default's, `lpt`'s and the bound's median ratios,
     the default's share of the bound's gain, whether the point reached
-    steady state and its t0, the fleet's workers and the seeds, and
+    steady state and its t0, the fleet's workers and the seeds,
     'balanced': the same ratios with every window's work spread evenly
-    over the workers (deploy.BALANCED).
+    over the workers (deploy.BALANCED), and 'serial': the same ratios
+    with each state key's batches run one at a time (deploy.SERIAL).
   """
   from apache_beam.transforms.util import AdaptiveNumShards
   if measuring_shards is not None and measuring_shards < 2:
@@ -202,7 +208,7 @@ def fleet(
     policies.COLD_SPLIT_FILLS = cold_split_fills
   try:
     done = v4.run_all(
-        AdaptiveNumShards(),
+        AdaptiveNumShards(**(policy or {})),
         costs.GPU,
         False, lambda message: None,
         chosen=chosen,
@@ -235,6 +241,11 @@ def fleet(
     if 'ratio_balanced' in point['default']:
       out[name]['balanced'] = {
           strategy: point[strategy]['ratio_balanced']
+          for strategy in ('default', 'lpt', 'bound')
+      }
+    if 'ratio_serial' in point['default']:
+      out[name]['serial'] = {
+          strategy: point[strategy]['ratio_serial']
           for strategy in ('default', 'lpt', 'bound')
       }
   return out
@@ -278,8 +289,8 @@ def _header(names) -> list:
   ]
 
 
-def _balanced_cell(f) -> str:
-  b = f['balanced']
+def _even_or_serial_cell(f, field) -> str:
+  b = f[field]
   share = v4_summary.share_of_gain(b['default'], b['bound'])
   share = '-' if share is None else f'{share:.2f}'
   return (
@@ -287,13 +298,17 @@ def _balanced_cell(f) -> str:
       f"share {share})")
 
 
-def fleet_table(results: dict, balanced=False) -> str:
+def fleet_table(results: dict, balanced=False, serial=False) -> str:
   """Fleet runs side by side: at every point of any of them, the default's
   median ratio with `lpt`'s and the bound's, and whether the point was
   steady (a dash where a run lacks the point). With balanced, the ratios
-  with every window's work spread evenly over the workers and the
-  default's share of the bound's gain there (a dash where a run lacks
-  them)."""
+  with every window's work spread evenly over the workers; with serial,
+  the ratios with each state key's batches run one at a time; either way
+  with the default's share of the bound's gain there (a dash where a run
+  lacks them)."""
+  if balanced and serial:
+    raise ValueError('fleet_table takes balanced or serial, not both')
+  field = 'balanced' if balanced else 'serial' if serial else None
   names = list(results)
   lines = _header(names)
   points = list(dict.fromkeys(p for n in names for p in results[n]))
@@ -301,11 +316,11 @@ def fleet_table(results: dict, balanced=False) -> str:
     cells = []
     for n in names:
       f = results[n].get(point)
-      if f is None or (balanced and 'balanced' not in f):
+      if f is None or (field and field not in f):
         cells.append('-')
         continue
-      if balanced:
-        cells.append(_balanced_cell(f))
+      if field:
+        cells.append(_even_or_serial_cell(f, field))
         continue
       steady = '' if f['steady'] else ', not steady'
       cells.append(
@@ -403,6 +418,12 @@ def main(argv=None) -> int:
       '--cold-split-fills',
       type=int,
       help="the model's 0012 _COLD_SPLIT_FILLS (default: the tree's)")
+  fleet_parser.add_argument(
+      '--policy',
+      type=json.loads,
+      default={},
+      help="keyword arguments of the tree's AdaptiveNumShards, as JSON, "
+      "for the default strategy (default: {}, its defaults)")
   fleet_table_parser = sub.add_parser('fleet-table')
   fleet_table_parser.add_argument('dir', type=Path)
   fleet_table_parser.add_argument('names', nargs='+')
@@ -411,6 +432,10 @@ def main(argv=None) -> int:
       action='store_true',
       help='the ratios with every window\'s work spread evenly over the '
       'workers')
+  fleet_table_parser.add_argument(
+      '--serial',
+      action='store_true',
+      help="the ratios with each state key's batches run one at a time")
   lru_parser = sub.add_parser('pooled-lru')
   lru_parser.add_argument(
       'workload', choices=[w.name for w in v4.WORKLOADS if w.name != 'W0'])
@@ -454,6 +479,7 @@ def main(argv=None) -> int:
             'measured_whole_batches': args.measured_whole_batches,
             'cold_scope': args.cold_scope,
             'cold_split_fills': args.cold_split_fills,
+            'policy': args.policy,
             'points': fleet(
                 args.workload,
                 args.workers,
@@ -465,7 +491,8 @@ def main(argv=None) -> int:
                 args.measuring_shards,
                 args.measured_whole_batches,
                 args.cold_scope,
-                args.cold_split_fills)
+                args.cold_split_fills,
+                args.policy)
         })
   elif args.command == 'pooled-lru':
     rates = pooled_lru(args.workload, args.r_key, args.seed, args.t0_s)
@@ -475,7 +502,9 @@ def main(argv=None) -> int:
   elif args.command == 'fleet-table':
     print(
         fleet_table(
-            _read(args.dir, args.names, 'points'), balanced=args.balanced))
+            _read(args.dir, args.names, 'points'),
+            balanced=args.balanced,
+            serial=args.serial))
   else:
     print(
         table(

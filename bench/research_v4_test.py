@@ -153,6 +153,41 @@ def test_fleet_table_balanced_gives_the_even_spread_and_its_share():
       '| streaming_F3.W1.R4.D0 | 1.20 (lpt 1.25, bound 1.40, share 0.50) |')
 
 
+def test_fleet_table_serial_gives_the_one_at_a_time_ratios_and_share():
+  figures = dict(
+      _figures(1.5, True),
+      balanced={
+          'default': 1.2, 'lpt': 1.25, 'bound': 1.4
+      },
+      serial={
+          'default': 1.1, 'lpt': 1.3, 'bound': 1.5
+      })
+  runs = {'run': {'streaming_F3.W1.R4.D0': figures}}
+  lines = research_v4.fleet_table(runs, serial=True).splitlines()
+  # The share is (1.1 - 1) / 0.5.
+  assert lines[2] == (
+      '| streaming_F3.W1.R4.D0 | 1.10 (lpt 1.30, bound 1.50, share 0.20) |')
+  with pytest.raises(ValueError, match='balanced or serial'):
+    research_v4.fleet_table(runs, balanced=True, serial=True)
+
+
+def test_fleet_weighs_a_policy_other_than_the_default():
+  pytest.importorskip('apache_beam.transforms.util')
+  kwargs = dict(
+      workers=4, requests=600, seeds=[7], groups=('streaming', ))
+  own = research_v4.fleet('W1', **kwargs)
+  assert research_v4.fleet('W1', policy={}, **kwargs) == own
+  other = research_v4.fleet('W1', policy={'own_batches_from': 8}, **kwargs)
+  assert set(other) == set(own)
+  assert any(other[p]['default'] != own[p]['default'] for p in own)
+  assert any(
+      other[p]['serial']['default'] != own[p]['serial']['default'] for p in own)
+  # Only the default strategy takes the policy.
+  assert all(other[p]['bound'] == own[p]['bound'] for p in own)
+  with pytest.raises(TypeError, match='split_for'):
+    research_v4.fleet('W1', policy={'split_for': 1}, **kwargs)
+
+
 def test_balanced_ratios_are_bounded_by_the_bound():
   pytest.importorskip('apache_beam.transforms.util')
   points = research_v4.fleet('W1', workers=4, requests=600, seeds=[7])
