@@ -39,11 +39,11 @@ only).
   size if smaller) are cold; the keys that never get more fill the cold
   state keys of the process that measures them (cold_key) one after
   another, COLD_PACKED_BATCHES full batches each, which the batching step
-  then runs as any key, mixing the cold keys' elements in their batches. A busy key is measured in parts
-  (measuring_shards): each part measures, and runs, its elements as a key
-  would, its shards start at a place of their own, and a part other than
-  the first sends what it still holds at the input's end to its own first
-  shard.
+  then runs as any key, mixing the cold keys' elements in their batches.
+  A busy key is measured in parts (measuring_shards): each part measures,
+  and runs, its elements as a key would, its shards start at a place of
+  its own, and a part other than the first sends what it still holds at
+  the input's end to its own first shard.
 * measuring_shards: the part of a key that measures each element, as
   0012's _SpreadBatchKey picks it on bounded input: each reader (a DoFn
   instance of the step before, reading a contiguous split of the input)

@@ -18,8 +18,8 @@
 """benchmark v4's batch deployment model against the FnApiRunner: the
 batches the model forms are those the patched tree's BatchElements forms
 on a batch runner, for the default config (issue 24's, with cold keys) and
-for 2.77.0's stateless path. Needs the patched tree (tox -e bench-tree); the harness env skips
-it."""
+for 2.77.0's stateless path. Needs the patched tree (tox -e bench-tree);
+the harness env skips it."""
 
 from collections import Counter
 

@@ -35,9 +35,9 @@ elements interleaved over the keys:
 * 10,000 keys, 16 elements each (benchmark v3's block of 10,000 keys);
 * 30,000 keys, 4 elements each;
 
-REPETITIONS times each, with 2.77.0's stateful path (one shared key, 1 s buffering), keyed
-with one shard per key, and keyed with PrefixBatchingConfig()'s
-num_shards (read from the tree).
+REPETITIONS times each, with 2.77.0's stateful path (one shared key, 1 s
+buffering), keyed with one shard per key, and keyed with
+PrefixBatchingConfig()'s num_shards (read from the tree).
 
 D times the key functions in this process.
 """
