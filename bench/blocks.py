@@ -92,10 +92,10 @@ def _run(results):
       'scored in steady state over '
       f'{v4_summary.window_text(v)} windows (batch: the makespan). '
       f'`default` is `PrefixBatchingConfig()` as the series ships it '
-      f'(`{meta["default_num_shards"]}`: keys seen fewer than '
-      '`own_batches_from` times per buffering period, or on bounded input '
-      '`bounded_own_batches_from` times, share their measuring process\'s '
-      'batches)')
+      f'(`{meta["default_num_shards"]}`: keys measured at fewer than '
+      '`own_batches_from` elements per buffering period, or on bounded '
+      'input with fewer than `bounded_own_batches_from` elements, share '
+      'their measuring process\'s batches)')
 
 
 def _wins(results, name='default'):
@@ -428,7 +428,75 @@ def pr_adaptive_num_shards(results) -> str:
   return '\n'.join(lines + ['', _method(results)])
 
 
+def _span(values, digits=2) -> str:
+  low, high = min(values), max(values)
+  if f'{low:.{digits}f}' == f'{high:.{digits}f}':
+    return f'{low:.{digits}f}'
+  return f'{low:.{digits}f} to {high:.{digits}f}'
+
+
+def benchmark_decoding(results) -> str:
+  """Where the default misses half of the bound's gain with decoding: how
+  many misses are streaming, how many streaming points reach it with every
+  window's work spread evenly, and, by ratio of prefixes to a worker's
+  cache, those that stay under half that way with the bound's ratio that
+  way and their token hit rates (the default's, `lpt`'s and the
+  bound's)."""
+  section = results['v4']
+  goals = v4_summary.goals(section)
+  shares = {s['at']: s for s in goals['shares']}
+  missed = [
+      at for at, s in shares.items()
+      if s['share'] is None or s['share'] < v4_summary.SHARE_TARGET
+  ]
+  streaming = []
+  for dep, workload, r_key, d_key, point in v4_summary.points(section):
+    at = f'{dep}.{workload}.{r_key}.{d_key}'
+    if at in shares and dep != 'batch':
+      streaming.append((r_key, workload, shares[at], point))
+  head = (
+      f'{len(missed)} of the {len(shares)} points with decoding miss half '
+      'of the bound\'s gain, '
+      f'{sum(not at.startswith("batch.") for at in missed)} of them in '
+      'streaming.')
+  if any(s.get('share_balanced') is None for _, _, s, _ in streaming):
+    # Results from before the balanced figure.
+    return head
+  target = v4_summary.SHARE_TARGET
+  as_scored = sum(s['share'] >= target for _, _, s, _ in streaming)
+  evenly = sum(s['share_balanced'] >= target for _, _, s, _ in streaming)
+  under = {}
+  for r_key, workload, s, point in streaming:
+    if s['share_balanced'] < target:
+      under.setdefault(r_key, []).append((workload, s, point))
+  parts = []
+  for r_key in sorted(under, key=lambda r: float(r[1:].replace('_', '.'))):
+    rows = under[r_key]
+    hits = {
+        name: _span([point[name]['hit_rate'] for _, _, point in rows])
+        for name in ('default', 'lpt', 'bound')
+    }
+    parts.append(
+        f'{len(rows)} at {r_key} ('
+        f'{", ".join(sorted({w for w, _, _ in rows}))}; '
+        f'share{"s" if len(rows) > 1 else ""} '
+        f'{_span([s["share_balanced"] for _, s, _ in rows])} of a bound '
+        'at '
+        f'{_span([p["bound"]["ratio_balanced"] for _, _, p in rows])}x; '
+        'token hit '
+        f'rates {hits["default"]} for the default, {hits["lpt"]} for '
+        f'`lpt`, {hits["bound"]} for the bound)')
+  window = v4_summary.window_text(section['meta'])
+  return (
+      f'{head} With each {window} window\'s work spread evenly over '
+      'the workers, the default reaches half of the bound\'s gain at '
+      f'{evenly} of the {len(streaming)} streaming points with decoding '
+      f'({as_scored} as scored). Of the {len(streaming) - evenly} that '
+      'stay under half that way, ' + '; '.join(parts) + '.')
+
+
 RENDERERS = {
+    'benchmark-decoding': benchmark_decoding,
     'readme-why': readme_why,
     'readme-what-it-buys': readme_what_it_buys,
     'readme-overhead': readme_overhead,

@@ -204,3 +204,38 @@ def test_the_wins_say_the_share_spread_evenly_once_a_run_has_it():
       row.pop('ratio_balanced', None)
   text = blocks._wins(results)  # pylint: disable=protected-access
   assert 'spread evenly' not in text and text.endswith(' points.')
+
+
+def test_the_decoding_block_counts_the_misses_and_those_left_spread_evenly():
+  results = small_results()
+  section = results['v4']
+  text = blocks.benchmark_decoding(results)
+  streaming = []
+  for dep, workload, r_key, d_key, point in blocks.v4_summary.points(section):
+    if dep != 'batch' and workload != 'W0' and d_key in ('D64', 'D256'):
+      streaming.append((r_key, workload, point))
+  goals = blocks.v4_summary.goals(section)
+  missed = len(goals['shares']) - goals['shares_met']
+  assert text.startswith(f'{missed} of the {len(goals["shares"])} points')
+  share = blocks.v4_summary.share_of_gain
+  under = [(r_key, workload, point) for r_key, workload, point in streaming
+           if share(
+               point['default']['ratio_balanced'], point['bound']
+               ['ratio_balanced']) < 0.5]
+  assert (
+      f'at {len(streaming) - len(under)} of the {len(streaming)} streaming '
+      f'points with decoding') in text
+  assert under and f'Of the {len(under)} that stay under half' in text
+  for r_key in {r for r, _, _ in under}:
+    rows = [(w, p) for r, w, p in under if r == r_key]
+    workloads = ', '.join(sorted({w for w, _ in rows}))
+    assert f'{len(rows)} at {r_key} ({workloads}; ' in text
+    # Each group's hit rates span its points'.
+    bound_rates = [p['bound']['hit_rate'] for _, p in rows]
+    span = blocks._span(bound_rates)  # pylint: disable=protected-access
+    assert f'{span} for the bound)' in text
+  # Results from before the balanced figure give the count alone.
+  for *_, point in blocks.v4_summary.points(section):
+    for row in point.values():
+      row.pop('ratio_balanced', None)
+  assert blocks.benchmark_decoding(results).endswith('in streaming.')
