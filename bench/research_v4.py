@@ -305,7 +305,8 @@ def fleet_table(results: dict, balanced=False, serial=False) -> str:
   with every window's work spread evenly over the workers; with serial,
   the ratios with each state key's batches run one at a time; either way
   with the default's share of the bound's gain there (a dash where a run
-  lacks them)."""
+  lacks them). Then, over the points every run has, how many of the
+  default's ratios are below GOAL and their geometric mean."""
   if balanced and serial:
     raise ValueError('fleet_table takes balanced or serial, not both')
   field = 'balanced' if balanced else 'serial' if serial else None
@@ -327,6 +328,25 @@ def fleet_table(results: dict, balanced=False, serial=False) -> str:
           f"{f['default']:.2f} (lpt {f['lpt']:.2f}, bound {f['bound']:.2f}"
           f"{steady})")
     lines.append(f'| {point} | ' + ' | '.join(cells) + ' |')
+  shared = [
+      point for point in points if all(
+          point in results[n] and (not field or field in results[n][point])
+          for n in names)
+  ]
+  if shared:
+    ratios = {
+        n: [(results[n][p][field] if field else results[n][p])['default']
+            for p in shared]
+        for n in names
+    }
+    lines.append(
+        f'| below {GOAL}, of {len(shared)} shared points | ' +
+        ' | '.join(str(sum(1 for r in ratios[n] if r < GOAL))
+                   for n in names) + ' |')
+    lines.append(
+        '| geometric mean, shared points | ' + ' | '.join(
+            f'{statistics.geometric_mean(ratios[n]):.3f}'
+            for n in names) + ' |')
   return '\n'.join(lines)
 
 

@@ -70,6 +70,35 @@ def test_fleet_table_puts_runs_side_by_side_and_marks_unsteady_points():
   assert 'bound 3.00, not steady)' in unsteady
 
 
+def test_fleet_table_counts_and_averages_the_points_all_runs_share():
+  low = dict(_figures(0.9, True), serial={'default': 0.8, 'lpt': 1, 'bound': 2})
+  high = dict(
+      _figures(1.6, True), serial={
+          'default': 1.8, 'lpt': 2, 'bound': 3
+      })
+  runs = {
+      'a': {
+          'batch.W1.R4.D0': low, 'streaming_F2.W1.R4.D0': high
+      },
+      'b': {
+          'batch.W1.R4.D0': high
+      },
+  }
+  lines = research_v4.fleet_table(runs).splitlines()
+  # Only the point both runs have counts: 0.9 against 1.6.
+  assert lines[-2] == '| below 0.97, of 1 shared points | 1 | 0 |'
+  assert lines[-1] == '| geometric mean, shared points | 0.900 | 1.600 |'
+  serial = research_v4.fleet_table({'a': runs['a']}, serial=True)
+  # sqrt(0.8 * 1.8) = 1.2
+  assert serial.splitlines()[-2:] == [
+      '| below 0.97, of 2 shared points | 1 |',
+      '| geometric mean, shared points | 1.200 |',
+  ]
+  # Runs that share no point get no summary.
+  alone = research_v4.fleet_table({'a': {}, 'b': runs['b']}).splitlines()
+  assert not alone[-1].startswith('| geometric')
+
+
 def test_fleet_runs_every_required_point_at_the_fleet_size_asked():
   pytest.importorskip('apache_beam.transforms.util')
   seeds, charges = v4.EVAL_SEEDS, v4._charges
