@@ -367,8 +367,9 @@ class CapacityEstimator:
 
   A pure object: it is told the scrapes of the server (``observe``) and the
   batches sent (``batch_started``, ``batch_finished``), each with a time,
-  and answers the value to publish (``value``). It starts no thread, reads
-  no clock and makes no request; it is not thread-safe.
+  and answers the value to publish (``value``), with any number of scrapes
+  between two values. It starts no thread, reads no clock and makes no
+  request; it is not thread-safe.
 
   What it answers is capacity, not load, and it measures it only while the
   server is saturated, when its running count is what it can run rather
@@ -546,6 +547,9 @@ class CapacityEstimator:
         count is negative (running and waiting must be given).
     """
     _check_scrape(scrape)
+    # A sample that expires here leaves the capacity as it is: value()
+    # recomputes it on new samples, and the hold re-estimates one that no
+    # scrape confirms.
     self._expire(now)
     last = self._last
     if last is not None and now <= last.time:
@@ -593,7 +597,8 @@ class CapacityEstimator:
     """The value to publish at now: the measured capacity times the target
     utilization, or an estimate, at most the batches the worker can have in
     flight; None when there is none yet (why_none says why)."""
-    changed = self._expire(now)
+    changed = self._expire(now) or self._new_samples
+    self._new_samples = False
     if changed and self._samples:
       median = statistics.median(s for _, s in self._samples)
       if (self._capacity is None or
@@ -627,8 +632,8 @@ class CapacityEstimator:
   def _expire(self, now: float) -> bool:
     """Forgets the samples older than the window, the loads, sizes and
     durations older than the hold, and the batches taken as lost;
-    returns whether the samples changed since the last call."""
-    changed, self._new_samples = self._new_samples, False
+    returns whether a sample expired."""
+    changed = False
     cutoff = now - self._config.window_secs
     while self._samples and self._samples[0][0] < cutoff:
       self._samples.popleft()

@@ -891,6 +891,10 @@ class _ClosedLoopChecks(unittest.TestCase):
         v for w in loop.every_worker if w.measured and w.measured < lull
         for t, v in w.published if lull < t <= lull + 900
     ]
+    # Where its senders bound a worker below its server's capacity, the
+    # server never saturates and nothing is measured; in every other case
+    # some worker measured before the lull.
+    self.assertEqual(bool(held), truth != senders(case), name)
     if held:
       self.assertGreaterEqual(min(held), 0.75 * truth)
       self.assertLessEqual(max(held), 1.25 * truth)
@@ -1213,6 +1217,20 @@ class EstimatorTest(unittest.TestCase):
     self.scrape = scrape(120, 80, usage=0.95)
     self.poll(estimator, 2)
     self.assertEqual(self.value, 30)
+
+  def test_a_sample_counts_when_scrapes_outpace_the_values(self):
+    # The same saturated scrapes as above, with value() asked only after a
+    # last scrape that is not saturated: the sample still counts, however
+    # many scrapes its user gives between two values.
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 40)
+    for _ in range(2):
+      self.now += 5
+      estimator.observe(self.now, scrape(120, 80, usage=0.95))
+    self.now += 5
+    estimator.observe(self.now, scrape(120, 0, usage=0.5))
+    self.assertEqual(estimator.value(self.now), 30)
+    self.assertTrue(estimator.measured)
 
   def test_batches_in_flight_follow_started_and_finished(self):
     estimator = self.estimator(max_running_requests=256)
