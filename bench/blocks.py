@@ -459,15 +459,19 @@ def benchmark_decoding(results) -> str:
       'of the bound\'s gain, '
       f'{sum(not at.startswith("batch.") for at in missed)} of them in '
       'streaming.')
-  if any(s.get('share_balanced') is None for _, _, s, _ in streaming):
+  if any('share_balanced' not in s for _, _, s, _ in streaming):
     # Results from before the balanced figure.
     return head
-  target = v4_summary.SHARE_TARGET
-  as_scored = sum(s['share'] >= target for _, _, s, _ in streaming)
-  evenly = sum(s['share_balanced'] >= target for _, _, s, _ in streaming)
+
+  def reached(share):
+    # None where the bound gains nothing: no share to reach.
+    return share is not None and share >= v4_summary.SHARE_TARGET
+
+  as_scored = sum(reached(s['share']) for _, _, s, _ in streaming)
+  evenly = sum(reached(s['share_balanced']) for _, _, s, _ in streaming)
   under = {}
   for r_key, workload, s, point in streaming:
-    if s['share_balanced'] < target:
+    if not reached(s['share_balanced']):
       under.setdefault(r_key, []).append((workload, s, point))
   parts = []
   for r_key in sorted(under, key=lambda r: float(r[1:].replace('_', '.'))):
@@ -476,23 +480,32 @@ def benchmark_decoding(results) -> str:
         name: _span([point[name]['hit_rate'] for _, _, point in rows])
         for name in ('default', 'lpt', 'bound')
     }
+    shares_of_rows = [
+        s['share_balanced'] for _, s, _ in rows
+        if s['share_balanced'] is not None
+    ]
+    share_text = (
+        f'share{"s" if len(shares_of_rows) > 1 else ""} '
+        f'{_span(shares_of_rows)}' if shares_of_rows else 'no share')
     parts.append(
         f'{len(rows)} at {r_key} ('
-        f'{", ".join(sorted({w for w, _, _ in rows}))}; '
-        f'share{"s" if len(rows) > 1 else ""} '
-        f'{_span([s["share_balanced"] for _, s, _ in rows])} of a bound '
-        'at '
+        f'{", ".join(sorted({w for w, _, _ in rows}))}; {share_text} of a '
+        'bound at '
         f'{_span([p["bound"]["ratio_balanced"] for _, _, p in rows])}x; '
         'token hit '
         f'rates {hits["default"]} for the default, {hits["lpt"]} for '
         f'`lpt`, {hits["bound"]} for the bound)')
   window = v4_summary.window_text(section['meta'])
-  return (
+  text = (
       f'{head} With each {window} window\'s work spread evenly over '
       'the workers, the default reaches half of the bound\'s gain at '
       f'{evenly} of the {len(streaming)} streaming points with decoding '
-      f'({as_scored} as scored). Of the {len(streaming) - evenly} that '
-      'stay under half that way, ' + '; '.join(parts) + '.')
+      f'({as_scored} as scored).')
+  if parts:
+    text += (
+        f' Of the {len(streaming) - evenly} that stay under half that way, ' +
+        '; '.join(parts) + '.')
+  return text
 
 
 RENDERERS = {

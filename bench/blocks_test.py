@@ -222,18 +222,39 @@ def test_the_decoding_block_counts_the_misses_and_those_left_spread_evenly():
            if share(
                point['default']['ratio_balanced'], point['bound']
                ['ratio_balanced']) < 0.5]
+  as_scored = sum(
+      share(point['default']['ratio'], point['bound']['ratio']) >= 0.5
+      for _, _, point in streaming)
   assert (
       f'at {len(streaming) - len(under)} of the {len(streaming)} streaming '
-      f'points with decoding') in text
+      f'points with decoding ({as_scored} as scored)') in text
   assert under and f'Of the {len(under)} that stay under half' in text
   for r_key in {r for r, _, _ in under}:
     rows = [(w, p) for r, w, p in under if r == r_key]
     workloads = ', '.join(sorted({w for w, _ in rows}))
     assert f'{len(rows)} at {r_key} ({workloads}; ' in text
-    # Each group's hit rates span its points'.
-    bound_rates = [p['bound']['hit_rate'] for _, p in rows]
-    span = blocks._span(bound_rates)  # pylint: disable=protected-access
-    assert f'{span} for the bound)' in text
+    # Each group's hit rates span its points', strategy by strategy.
+    spans = {
+        name: blocks._span(  # pylint: disable=protected-access
+            [p[name]['hit_rate'] for _, p in rows])
+        for name in ('default', 'lpt', 'bound')
+    }
+    assert (
+        f'token hit rates {spans["default"]} for the default, '
+        f'{spans["lpt"]} for `lpt`, {spans["bound"]} for the bound)') in text
+  # Where every point reaches half spread evenly, nothing is listed; where
+  # the bound gains nothing as scored, there is no share to reach.
+  for *_, point in streaming:
+    gain = max(point['bound']['ratio_balanced'], 1.5)
+    point['bound']['ratio_balanced'] = point['default']['ratio_balanced'] = gain
+  streaming[0][2]['bound']['ratio'] = 1.0
+  streaming[0][2]['default']['ratio'] = 1.0
+  as_scored = sum(
+      (share(point['default']['ratio'], point['bound']['ratio']) or 0) >= 0.5
+      for _, _, point in streaming)
+  assert blocks.benchmark_decoding(results).endswith(
+      f'at {len(streaming)} of the {len(streaming)} streaming points with '
+      f'decoding ({as_scored} as scored).')
   # Results from before the balanced figure give the count alone.
   for *_, point in blocks.v4_summary.points(section):
     for row in point.values():

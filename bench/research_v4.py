@@ -169,10 +169,10 @@ def fleet(
       meter for the fleet (a what-if of the model alone).
     cold_split_fills: what the model takes for 0012's _COLD_SPLIT_FILLS
       (policies.COLD_SPLIT_FILLS); none: the tree's.
-    policy: keyword arguments of the tree's AdaptiveNumShards that the
-      run's "default" strategy takes; none: its defaults. This weighs a
-      setting on other seeds and fleet sizes than `run` does, without
-      changing the tree.
+    policy: keyword arguments of the tree's AdaptiveNumShards for the
+      run's "default" strategy, and so for `lpt`, which places the
+      default's batches; none: its defaults. This weighs a setting on other
+      seeds and fleet sizes than `run` does, without changing the tree.
 
   Returns:
     {point: figures}: the default's, `lpt`'s and the bound's median ratios,
@@ -443,7 +443,8 @@ def main(argv=None) -> int:
       type=json.loads,
       default={},
       help="keyword arguments of the tree's AdaptiveNumShards, as JSON, "
-      "for the default strategy (default: {}, its defaults)")
+      "for the default strategy and lpt's placing of its batches (default: "
+      "{}, its defaults)")
   fleet_table_parser = sub.add_parser('fleet-table')
   fleet_table_parser.add_argument('dir', type=Path)
   fleet_table_parser.add_argument('names', nargs='+')

@@ -211,7 +211,7 @@ def test_fleet_weighs_a_policy_other_than_the_default():
   assert any(other[p]['default'] != own[p]['default'] for p in own)
   assert any(
       other[p]['serial']['default'] != own[p]['serial']['default'] for p in own)
-  # Only the default strategy takes the policy.
+  # The bound does not depend on the policy (lpt places its batches).
   assert all(other[p]['bound'] == own[p]['bound'] for p in own)
   with pytest.raises(TypeError, match='split_for'):
     research_v4.fleet('W1', policy={'split_for': 1}, **kwargs)
