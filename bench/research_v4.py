@@ -223,9 +223,22 @@ def fleet(
         batch_model.MEASURED_WHOLE_BATCHES,
         policies.COLD_SPLIT_FILLS) = model_constants
   meta = {'workers': workers, 'requests': requests, 'seeds': list(seeds)}
-  section = v4_summary.summarize(done, meta)
+  return fleet_points(v4_summary.summarize(done, meta))
+
+
+def fleet_points(section, workload_name=None, groups=None) -> dict:
+  """A v4 section's points as `fleet` gives them: those of one workload
+  and of the deployments of groups ('streaming', 'batch'), or all.
+
+  The full run's section (results.json's 'v4') so gives the tree's side of
+  a weighing without running it again."""
   out = {}
   for dep, workload, r_key, d_key, point in v4_summary.points(section):
+    if workload_name is not None and workload != workload_name:
+      continue
+    if groups is not None and ('batch' if dep == 'batch' else
+                               'streaming') not in groups:
+      continue
     shape = section['meta']['workloads'][f'{workload}.{r_key}']
     name = f'{dep}.{workload}.{r_key}.{d_key}'
     out[name] = {
@@ -445,6 +458,20 @@ def main(argv=None) -> int:
       help="keyword arguments of the tree's AdaptiveNumShards, as JSON, "
       "for the default strategy and lpt's placing of its batches (default: "
       "{}, its defaults)")
+  from_results = sub.add_parser(
+      'from-results',
+      help="one workload's points of a full run, as a fleet run gives them")
+  from_results.add_argument('name')
+  from_results.add_argument('workload', choices=[w.name for w in v4.WORKLOADS])
+  from_results.add_argument(
+      '--results', type=Path, default=Path('bench/results.json'))
+  from_results.add_argument(
+      '--out', type=Path, default=Path('build/research_v4'))
+  from_results.add_argument(
+      '--groups',
+      nargs='+',
+      default=['streaming', 'batch'],
+      choices=['streaming', 'batch'])
   fleet_table_parser = sub.add_parser('fleet-table')
   fleet_table_parser.add_argument('dir', type=Path)
   fleet_table_parser.add_argument('names', nargs='+')
@@ -514,6 +541,18 @@ def main(argv=None) -> int:
                 args.cold_scope,
                 args.cold_split_fills,
                 args.policy)
+        })
+  elif args.command == 'from-results':
+    results = json.loads(args.results.read_text())
+    _write(
+        args.out,
+        args.name,
+        {
+            'results': str(args.results),
+            'workload': args.workload,
+            'groups': args.groups,
+            'points': fleet_points(
+                results['v4'], args.workload, tuple(args.groups)),
         })
   elif args.command == 'pooled-lru':
     rates = pooled_lru(args.workload, args.r_key, args.seed, args.t0_s)

@@ -300,3 +300,25 @@ def test_table_reads_the_serial_ratios_when_asked(tmp_path, capsys):
   out = capsys.readouterr().out
   assert '| streaming_F2.W1.R4.D64 | 0.80 | 1.05 |' in out
   assert '| below 0.97 | 1 | 0 |' in out
+
+
+def test_fleet_points_take_a_full_runs_workload_and_deployments():
+  from bench.report_test import small_results
+  section = small_results()['v4']
+  every = research_v4.fleet_points(section)
+  streaming = research_v4.fleet_points(section, 'W2', ('streaming', ))
+  assert streaming and set(streaming) < set(every)
+  assert all(
+      p.startswith(('streaming_F2.W2.', 'streaming_F3.W2.')) for p in streaming)
+  assert {
+      p
+      for p in every if p.split('.')[1] == 'W2' and not p.startswith('batch.')
+  } == set(streaming)
+  point = section['streaming_F3']['W2']['R4']['D64']
+  figures = streaming['streaming_F3.W2.R4.D64']
+  assert figures['default'] == point['default']['ratio']
+  assert figures['lpt'] == point['lpt']['ratio']
+  assert figures['serial']['default'] == point['default']['ratio_serial']
+  assert figures['balanced']['bound'] == point['bound']['ratio_balanced']
+  batch = research_v4.fleet_points(section, 'W2', ('batch', ))
+  assert batch and all(p.startswith('batch.W2.') for p in batch)
