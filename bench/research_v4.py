@@ -393,32 +393,32 @@ def _read(directory: Path, names, field: str) -> dict:
   }
 
 
+def _add_out_and_groups(parser) -> None:
+  """The arguments of a command that writes a run: where, and of which
+  deployments."""
+  parser.add_argument('--out', type=Path, default=Path('build/research_v4'))
+  parser.add_argument(
+      '--groups',
+      nargs='+',
+      default=['streaming', 'batch'],
+      choices=['streaming', 'batch'],
+      help='the deployments: streaming (F2 and F3), batch')
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog='python -m bench.research_v4')
   sub = parser.add_subparsers(dest='command', required=True)
   one = sub.add_parser('run')
   one.add_argument('name')
   one.add_argument('kwargs', type=json.loads)
-  one.add_argument('--out', type=Path, default=Path('build/research_v4'))
-  one.add_argument(
-      '--groups',
-      nargs='+',
-      default=['streaming', 'batch'],
-      choices=['streaming', 'batch'],
-      help='the deployments to run: streaming (F2 and F3), batch')
+  _add_out_and_groups(one)
   fleet_parser = sub.add_parser('fleet')
   fleet_parser.add_argument('name')
   fleet_parser.add_argument('workload', choices=[w.name for w in v4.WORKLOADS])
   fleet_parser.add_argument('--workers', type=int, required=True)
   fleet_parser.add_argument('--requests', type=int, required=True)
   fleet_parser.add_argument('--seeds', type=int, nargs='+', required=True)
-  fleet_parser.add_argument(
-      '--out', type=Path, default=Path('build/research_v4'))
-  fleet_parser.add_argument(
-      '--groups',
-      nargs='+',
-      default=['streaming', 'batch'],
-      choices=['streaming', 'batch'])
+  _add_out_and_groups(fleet_parser)
   fleet_parser.add_argument(
       '--measuring-spread',
       type=int,
@@ -465,13 +465,7 @@ def main(argv=None) -> int:
   from_results.add_argument('workload', choices=[w.name for w in v4.WORKLOADS])
   from_results.add_argument(
       '--results', type=Path, default=Path('bench/results.json'))
-  from_results.add_argument(
-      '--out', type=Path, default=Path('build/research_v4'))
-  from_results.add_argument(
-      '--groups',
-      nargs='+',
-      default=['streaming', 'batch'],
-      choices=['streaming', 'batch'])
+  _add_out_and_groups(from_results)
   fleet_table_parser = sub.add_parser('fleet-table')
   fleet_table_parser.add_argument('dir', type=Path)
   fleet_table_parser.add_argument('names', nargs='+')

@@ -322,3 +322,25 @@ def test_fleet_points_take_a_full_runs_workload_and_deployments():
   assert figures['balanced']['bound'] == point['bound']['ratio_balanced']
   batch = research_v4.fleet_points(section, 'W2', ('batch', ))
   assert batch and all(p.startswith('batch.W2.') for p in batch)
+
+
+def test_from_results_writes_a_full_runs_workload_as_a_fleet_run(tmp_path):
+  from bench.report_test import small_results
+  results = small_results()
+  path = tmp_path / 'results.json'
+  path.write_text(json.dumps(results))
+  research_v4.main([
+      'from-results',
+      'full_W2',
+      'W2',
+      '--results',
+      str(path),
+      '--groups',
+      'batch',
+      '--out',
+      str(tmp_path / 'runs'),
+  ])
+  written = json.loads((tmp_path / 'runs' / 'full_W2.json').read_text())
+  assert written['points'] == research_v4.fleet_points(
+      results['v4'], 'W2', ('batch', ))
+  assert written['groups'] == ['batch'] and written['workload'] == 'W2'
