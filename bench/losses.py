@@ -16,7 +16,8 @@
 #
 
 """The sentences on where a strategy loses against its deployment's
-baseline, for the blocks that bench.blocks writes (stdlib only)."""
+baseline, or falls short of half the bound's gain, for the blocks that
+bench.blocks writes (stdlib only)."""
 
 from bench import v4_summary
 
@@ -140,3 +141,83 @@ def _from_start(goals, meta, limit=3):
       'windows, cold caches included, '
       f'{len(below)} of {goals["streaming_points"]} streaming points are '
       'below it' + (f', the worst {listed}' if below else '') + '.')
+
+
+def _span(values, digits=2) -> str:
+  low, high = min(values), max(values)
+  if f'{low:.{digits}f}' == f'{high:.{digits}f}':
+    return f'{low:.{digits}f}'
+  return f'{low:.{digits}f} to {high:.{digits}f}'
+
+
+def decoding(results) -> str:
+  """Where the default misses half of the bound's gain with decoding: how
+  many misses are streaming, how many streaming points reach it with every
+  window's work spread evenly, and, by ratio of prefixes to a worker's
+  cache, those that stay under half that way with the bound's ratio that
+  way and their token hit rates (the default's, `lpt`'s and the
+  bound's)."""
+  section = results['v4']
+  goals = v4_summary.goals(section)
+  shares = {s['at']: s for s in goals['shares']}
+  missed = [
+      at for at, s in shares.items()
+      if s['share'] is None or s['share'] < v4_summary.SHARE_TARGET
+  ]
+  streaming = []
+  for dep, workload, r_key, d_key, point in v4_summary.points(section):
+    at = f'{dep}.{workload}.{r_key}.{d_key}'
+    if at in shares and dep != 'batch':
+      streaming.append((r_key, workload, shares[at], point))
+  head = (
+      f'{len(missed)} of the {len(shares)} points with decoding miss half '
+      'of the bound\'s gain, '
+      f'{sum(not at.startswith("batch.") for at in missed)} of them in '
+      'streaming.')
+  if any('share_balanced' not in s for _, _, s, _ in streaming):
+    # Results from before the balanced figure.
+    return head
+
+  def reached(share):
+    # None where the bound gains nothing: no share to reach.
+    return share is not None and share >= v4_summary.SHARE_TARGET
+
+  as_scored = sum(reached(s['share']) for _, _, s, _ in streaming)
+  evenly = sum(reached(s['share_balanced']) for _, _, s, _ in streaming)
+  under = {}
+  for r_key, workload, s, point in streaming:
+    if not reached(s['share_balanced']):
+      under.setdefault(r_key, []).append((workload, s, point))
+  parts = []
+  for r_key in sorted(under, key=lambda r: float(r[1:].replace('_', '.'))):
+    rows = under[r_key]
+    hits = {
+        name: _span([point[name]['hit_rate'] for _, _, point in rows])
+        for name in ('default', 'lpt', 'bound')
+    }
+    shares_of_rows = [
+        s['share_balanced'] for _, s, _ in rows
+        if s['share_balanced'] is not None
+    ]
+    share_text = (
+        f'share{"s" if len(shares_of_rows) > 1 else ""} '
+        f'{_span(shares_of_rows)}' if shares_of_rows else 'no share')
+    parts.append(
+        f'{len(rows)} at {r_key} ('
+        f'{", ".join(sorted({w for w, _, _ in rows}))}; {share_text} of a '
+        'bound at '
+        f'{_span([p["bound"]["ratio_balanced"] for _, _, p in rows])}x; '
+        'token hit '
+        f'rates {hits["default"]} for the default, {hits["lpt"]} for '
+        f'`lpt`, {hits["bound"]} for the bound)')
+  window = v4_summary.window_text(section['meta'])
+  text = (
+      f'{head} With each {window} window\'s work spread evenly over '
+      'the workers, the default reaches half of the bound\'s gain at '
+      f'{evenly} of the {len(streaming)} streaming points with decoding '
+      f'({as_scored} as scored).')
+  if parts:
+    text += (
+        f' Of the {len(streaming) - evenly} that stay under half that way, ' +
+        '; '.join(parts) + '.')
+  return text

@@ -101,3 +101,59 @@ def test_the_losses_say_how_the_default_fares_one_batch_per_key_at_a_time():
   })
   rows[names[0]].pop('ratio_serial')
   assert 'one at a time' not in losses.sentence(results)
+
+
+def test_the_decoding_block_counts_the_misses_and_those_left_spread_evenly():
+  results = small_results()
+  section = results['v4']
+  text = losses.decoding(results)
+  streaming = []
+  for dep, workload, r_key, d_key, point in v4_summary.points(section):
+    if dep != 'batch' and workload != 'W0' and d_key in ('D64', 'D256'):
+      streaming.append((r_key, workload, point))
+  goals = v4_summary.goals(section)
+  missed = len(goals['shares']) - goals['shares_met']
+  assert text.startswith(f'{missed} of the {len(goals["shares"])} points')
+  share = v4_summary.share_of_gain
+  under = [(r_key, workload, point) for r_key, workload, point in streaming
+           if share(
+               point['default']['ratio_balanced'], point['bound']
+               ['ratio_balanced']) < 0.5]
+  as_scored = sum(
+      share(point['default']['ratio'], point['bound']['ratio']) >= 0.5
+      for _, _, point in streaming)
+  assert (
+      f'at {len(streaming) - len(under)} of the {len(streaming)} streaming '
+      f'points with decoding ({as_scored} as scored)') in text
+  assert under and f'Of the {len(under)} that stay under half' in text
+  for r_key in {r for r, _, _ in under}:
+    rows = [(w, p) for r, w, p in under if r == r_key]
+    workloads = ', '.join(sorted({w for w, _ in rows}))
+    assert f'{len(rows)} at {r_key} ({workloads}; ' in text
+    # Each group's hit rates span its points', strategy by strategy.
+    spans = {
+        name: losses._span(  # pylint: disable=protected-access
+            [p[name]['hit_rate'] for _, p in rows])
+        for name in ('default', 'lpt', 'bound')
+    }
+    assert (
+        f'token hit rates {spans["default"]} for the default, '
+        f'{spans["lpt"]} for `lpt`, {spans["bound"]} for the bound)') in text
+  # Where every point reaches half spread evenly, nothing is listed; where
+  # the bound gains nothing as scored, there is no share to reach.
+  for *_, point in streaming:
+    gain = max(point['bound']['ratio_balanced'], 1.5)
+    point['bound']['ratio_balanced'] = point['default']['ratio_balanced'] = gain
+  streaming[0][2]['bound']['ratio'] = 1.0
+  streaming[0][2]['default']['ratio'] = 1.0
+  as_scored = sum(
+      (share(point['default']['ratio'], point['bound']['ratio']) or 0) >= 0.5
+      for _, _, point in streaming)
+  assert losses.decoding(results).endswith(
+      f'at {len(streaming)} of the {len(streaming)} streaming points with '
+      f'decoding ({as_scored} as scored).')
+  # Results from before the balanced figure give the count alone.
+  for *_, point in v4_summary.points(section):
+    for row in point.values():
+      row.pop('ratio_balanced', None)
+  assert losses.decoding(results).endswith('in streaming.')
