@@ -160,10 +160,12 @@ def decoding(results) -> str:
   section = results['v4']
   goals = v4_summary.goals(section)
   shares = {s['at']: s for s in goals['shares']}
-  missed = [
-      at for at, s in shares.items()
-      if s['share'] is None or s['share'] < v4_summary.SHARE_TARGET
-  ]
+
+  def reached(share):
+    # None where the bound gains nothing: no share to reach.
+    return share is not None and share >= v4_summary.SHARE_TARGET
+
+  missed = [at for at, s in shares.items() if not reached(s['share'])]
   streaming = []
   for dep, workload, r_key, d_key, point in v4_summary.points(section):
     at = f'{dep}.{workload}.{r_key}.{d_key}'
@@ -177,11 +179,6 @@ def decoding(results) -> str:
   if any('share_balanced' not in s for _, _, s, _ in streaming):
     # Results from before the balanced figure.
     return head
-
-  def reached(share):
-    # None where the bound gains nothing: no share to reach.
-    return share is not None and share >= v4_summary.SHARE_TARGET
-
   as_scored = sum(reached(s['share']) for _, _, s, _ in streaming)
   evenly = sum(reached(s['share_balanced']) for _, _, s, _ in streaming)
   under = {}
