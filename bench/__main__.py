@@ -81,7 +81,7 @@ def versions() -> dict:
 
 
 def adaptive_spec():
-  """0012's policy at its defaults, or None when the tree does not have
+  """0013's policy at its defaults, or None when the tree does not have
   it."""
   try:
     from apache_beam.transforms.util import AdaptiveNumShards

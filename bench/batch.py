@@ -45,7 +45,7 @@ only).
   its own, and a part other than the first sends what it still holds at
   the input's end to its own first shard.
 * measuring_shards: the part of a key that measures each element, as
-  0012's _SpreadBatchKey picks it on bounded input: each reader (a DoFn
+  0013's _SpreadBatchKey picks it on bounded input: each reader (a DoFn
   instance of the step before, reading a contiguous split of the input)
   keeps a key's first MEASURED_WHOLE_BATCHES batches on part 0 and sends
   each further run to its next other part, from a place it draws.
@@ -64,7 +64,7 @@ from bench.workloads import BLOCK_TOKENS
 from bench.workloads import SEGMENT_KINDS
 from bench.workloads import SHAREABLE
 
-# 0012's _COLD_PACKED_BATCHES, _MEASURING_SHARDS and _MEASURED_WHOLE_BATCHES.
+# 0013's _COLD_PACKED_BATCHES, _MEASURING_SHARDS and _MEASURED_WHOLE_BATCHES.
 COLD_PACKED_BATCHES = 8
 MEASURING_SHARDS = 16
 MEASURED_WHOLE_BATCHES = 2

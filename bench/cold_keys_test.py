@@ -16,7 +16,7 @@
 #
 
 """Tests of the model of issue 24's default: cold keys share their
-measuring process's state key, warm keys keep 0012's shards and runs, with
+measuring process's state key, warm keys keep 0013's shards and runs, with
 hysteresis; adaptive_v3 is the same policy with every key warm."""
 
 import random

@@ -173,9 +173,9 @@ class Charges:
       its key's first stage (the two-stage policy's measuring step).
     first_stage_spread: how many measuring keys a key's first stage is
       spread over, each request to one by its id (1: the key's own, as
-      0012's measuring step is keyed; more is a design bench/RESEARCH.md
+      0013's measuring step is keyed; more is a design bench/RESEARCH.md
       weighs).
-    first_stage_of: rid -> the measuring shard of a request's key (0012's
+    first_stage_of: rid -> the measuring shard of a request's key (0013's
       on bounded input in a batch pipeline; batch.measuring_shards); none:
       0 for every request.
   """

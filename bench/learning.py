@@ -22,7 +22,7 @@ Two designs of keyed BatchElements, each the real DoFn of the patched tree:
 * per_key, the reviewed pull request's: WithBatchKey(key_fn), then the
   stateful batching DoFn in its unkeyed mode, which keeps a target size and
   a _BatchSizeEstimator per state key and window, in state (a PickleCoder).
-* per_step, patch 0005's: the same keying, then the DoFn in its keyed mode,
+* per_step, patch 0006's: the same keying, then the DoFn in its keyed mode,
   which learns one target size per step and SDK process from the full
   batches of every key (_SharedBatchSize).
 
@@ -246,7 +246,7 @@ _TIMESTAMP = 'timestamp'
 
 def _values(outputs):
   """The batches a DoFn call yields: a batch stamped with its window (as
-  0005's keyed DoFn yields it since issue 24) unwrapped, lazily."""
+  0006's keyed DoFn yields it since issue 24) unwrapped, lazily."""
   for output in outputs:
     yield output.value if hasattr(output, 'windows') else output
 
@@ -371,7 +371,7 @@ def batching_dofn(design: str, clock: FakeClock):
     raise ValueError(f'design must be one of {DESIGNS}, got {design!r}')
   estimator = util._BatchSizeEstimator(
       min_batch_size=MIN_BATCH_SIZE, max_batch_size=MAX_BATCH_SIZE, clock=clock)
-  # 0005's keyed DoFn (per_step) has a factory of its own; the per-key
+  # 0006's keyed DoFn (per_step) has a factory of its own; the per-key
   # designs are 2.77.0's stateful DoFn, which learns per key.
   factory = (
       util._keyed_batch_elements_dofn

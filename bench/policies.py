@@ -114,14 +114,14 @@ class CopiedShards:
     return (str(request.key), shard), 0
 
 
-# 0012's _COLD_MIN_SPAN_PERIODS.
+# 0013's _COLD_MIN_SPAN_PERIODS.
 COLD_MIN_SPAN_PERIODS = 4
-# 0012's _ColdKeys doubles a process's cold slots once each would fill this
+# 0013's _ColdKeys doubles a process's cold slots once each would fill this
 # many batches (of max_batch_size, the batch size here) per buffering period.
 COLD_SPLIT_FILLS = 4
 
 # Where the model pools the default's cold keys in streaming: in the SDK
-# process that measures them, as 0012 does, or in one meter for the whole
+# process that measures them, as 0013 does, or in one meter for the whole
 # fleet, whose slot count follows the fleet's cold traffic as a process's
 # follows its own (a what-if of the model alone).
 COLD_SCOPES = ('process', 'fleet')
@@ -162,12 +162,12 @@ class TwoStage:
   once warm only below half of that: its element goes to cold_key(key), the
   state key the cold keys of its measuring process share; a key that turns
   warm starts its runs at shard 0. The cold keys of a measuring process
-  are spread over that process's cold slots, as 0012's _ColdKeys spreads
+  are spread over that process's cold slots, as 0013's _ColdKeys spreads
   them: the process's cold elements are counted as a key's are, and the
   slot count, a power of two at most max_shards, doubles once they bring
   four batches per buffering period per slot and halves once they bring
   fewer than one per slot; a key's slot is its hash modulo the count.
-  Without own_batches_from (adaptive_v3, 0012 before issue 24) every key
+  Without own_batches_from (adaptive_v3, 0013 before issue 24) every key
   is warm. With
   pick='runs', a key's elements go to one shard in runs of run_length
   (a new run, on the next shard, when a run is full or older than
@@ -251,7 +251,7 @@ class TwoStage:
       state = self._state[key] = [0.0, now_us, now_us, -1, 0, now_us]
     rate = self._rate(state, now_us, self.min_span_us)
     if self.own_batches_from is not None:
-      # 0012's _next_shard: cold below own_batches_from elements per
+      # 0013's _next_shard: cold below own_batches_from elements per
       # buffering period, and below half of it once warm.
       own = min(self.batch_size, self.own_batches_from)
       if state[3] >= 0:
@@ -348,12 +348,12 @@ class TwoStageSpec:
         f'own_batches_from={self.own_batches_from})')
 
 
-# The runs of 0012's AdaptiveNumShards as benchmark v4 first measured it.
+# The runs of 0013's AdaptiveNumShards as benchmark v4 first measured it.
 ADAPTIVE_V3_RUN_BATCHES = 4
 
 
 def adaptive_v3(spec):
-  """The two-stage spec as benchmark v4 first measured it: 0012's
+  """The two-stage spec as benchmark v4 first measured it: 0013's
   AdaptiveNumShards before issue 24, every key warm (no cold keys) and
   runs of ADAPTIVE_V3_RUN_BATCHES batches."""
   return TwoStageSpec(
@@ -399,7 +399,7 @@ def on_bounded_input(spec):
   """The spec that measures a batch pipeline's bounded input: the tree's
   runs of bounded_run_batches batches there, up to bounded_max_shards
   shards a key, and batches of its own from bounded_own_batches_from
-  elements, where the tree has them (0012's BatchElements.expand)."""
+  elements, where the tree has them (0013's BatchElements.expand)."""
   bounded = {
       name: getattr(spec, f'bounded_{name}')
       for name in ('run_batches', 'max_shards', 'own_batches_from')

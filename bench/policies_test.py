@@ -142,7 +142,7 @@ def test_a_two_stage_spec_is_recognized_by_its_attributes():
 
 
 def test_bounded_input_takes_the_specs_bounded_runs_and_shards():
-  # As 0012's BatchElements.expand on a batch pipeline's bounded input.
+  # As 0013's BatchElements.expand on a batch pipeline's bounded input.
   @dataclasses.dataclass(frozen=True)
   class Spec:
     rate_per_shard: float = 1.0

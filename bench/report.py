@@ -84,7 +84,7 @@ def _meta(results):
       f'{v4_summary.tree_object_text(meta)}; '
       f'`PrefixBatchingConfig()` defaults to num_shards '
       f'`{meta["default_num_shards"]}` (`default`); `adaptive_v3` is that '
-      'policy as benchmark v4 first measured it (0012 before issue 24: '
+      'policy as benchmark v4 first measured it (0013 before issue 24: '
       'every key warm, runs of 4 batches).',
       '',
   ]

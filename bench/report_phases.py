@@ -169,7 +169,7 @@ def _learning(results):
       'encodes what is written, timers firing in processing-time order, and '
       'the model serving each batch inside the DoFn\'s yield, so that the '
       'batch is timed with it. `per_key`: the reviewed design, an estimator '
-      'per state key in state; `per_step`: 0005, one per step and process, '
+      'per state key in state; `per_step`: 0006, one per step and process, '
       'learned from full batches and from those that overran the duration '
       f'target. Arrivals at {runs["rate"]} elements/s, '
       f'Zipf exponent {runs["zipf_s"]}, {runs["elements_per_key"]} elements '

@@ -19,7 +19,7 @@
 
 `python -m bench.research CASE [CASE ...]` runs named candidate policies
 on W1-W3 in the frames of bench.frames and prints medians over
-placements (seeds x salts) with min-max. Nothing here needs Beam: 0012's
+placements (seeds x salts) with min-max. Nothing here needs Beam: 0013's
 AdaptiveNumShards is replayed by SimAdaptive, a line-for-line copy of its
 algorithm.
 """
@@ -43,7 +43,7 @@ COSTS = frames.Costs(60.5, 14.0)
 
 
 class SimAdaptive:
-  """0012's AdaptiveNumShards, replayed without Beam."""
+  """0013's AdaptiveNumShards, replayed without Beam."""
   def __init__(
       self,
       max_shards=32,

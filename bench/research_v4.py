@@ -44,11 +44,11 @@ design (`--measuring-spread`) uses the tuning seeds, as tuning does:
 file sorted by document would give it, where the benchmark reads it in
 arrival order (random with respect to the prefix).
 `--measuring-shards` and `--measured-whole-batches` run the model of a batch
-pipeline with other values of 0012's _MEASURING_SHARDS and
+pipeline with other values of 0013's _MEASURING_SHARDS and
 _MEASURED_WHOLE_BATCHES than the tree's, a what-if of the model alone.
 `--cold-scope fleet` pools streaming's cold keys in one meter for the whole
 fleet instead of one per measuring process, and `--cold-split-fills` takes
-another value of 0012's _COLD_SPLIT_FILLS, what-ifs of the model alone.
+another value of 0013's _COLD_SPLIT_FILLS, what-ifs of the model alone.
 
 `pooled-lru` gives, at one point from its t0 on, the token hit rate of one
 LRU cache as large as the whole fleet's, serving every request in arrival
@@ -160,14 +160,14 @@ def fleet(
       (as the benchmark reads it) or 'sorted' (grouped by key, as a file
       sorted by document; v4.in_input_order).
     measuring_shards, measured_whole_batches: what the model of a batch
-      pipeline takes for 0012's _MEASURING_SHARDS and
+      pipeline takes for 0013's _MEASURING_SHARDS and
       _MEASURED_WHOLE_BATCHES (batch.measuring_shards), in place of the
       tree's; none: the tree's. The tree is not changed: a what-if of the
       model alone.
     cold_scope: where streaming pools the default's cold keys
       (policies.COLD_SCOPES): by measuring process, as the tree does, or in one
       meter for the fleet (a what-if of the model alone).
-    cold_split_fills: what the model takes for 0012's _COLD_SPLIT_FILLS
+    cold_split_fills: what the model takes for 0013's _COLD_SPLIT_FILLS
       (policies.COLD_SPLIT_FILLS); none: the tree's.
     policy: keyword arguments of the tree's AdaptiveNumShards for the
       run's "default" strategy, and so for `lpt`, which places the
@@ -434,12 +434,12 @@ def main(argv=None) -> int:
   fleet_parser.add_argument(
       '--measuring-shards',
       type=int,
-      help="the model's 0012 _MEASURING_SHARDS in batch (default: the "
+      help="the model's 0013 _MEASURING_SHARDS in batch (default: the "
       "tree's)")
   fleet_parser.add_argument(
       '--measured-whole-batches',
       type=int,
-      help="the model's 0012 _MEASURED_WHOLE_BATCHES in batch (default: "
+      help="the model's 0013 _MEASURED_WHOLE_BATCHES in batch (default: "
       "the tree's)")
   fleet_parser.add_argument(
       '--cold-scope',
@@ -450,7 +450,7 @@ def main(argv=None) -> int:
   fleet_parser.add_argument(
       '--cold-split-fills',
       type=int,
-      help="the model's 0012 _COLD_SPLIT_FILLS (default: the tree's)")
+      help="the model's 0013 _COLD_SPLIT_FILLS (default: the tree's)")
   fleet_parser.add_argument(
       '--policy',
       type=json.loads,

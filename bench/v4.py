@@ -22,7 +22,7 @@ The strategy `default` is the tree's PrefixBatchingConfig() policy (issue
 24's AdaptiveNumShards, where keys seen less often than about once per
 buffering period share their measuring process's cold state keys, as many
 as they fill); `adaptive_v3` is the policy as benchmark v4 first measured
-it (0012 before issue 24: every key warm, runs of 4 batches), measured
+it (0013 before issue 24: every key warm, runs of 4 batches), measured
 wherever `default` is so that the gap is on record. A key is measured in
 one SDK process: a salted hash of its measuring key over the fleet's
 processes (workers x PROCESSES_PER_WORKER), the same for every placement of
@@ -148,7 +148,7 @@ def _specs(spec):
 
 
 def _charges(spec):
-  # The default's measuring step: as 0012 has it (in batch a busy key is
+  # The default's measuring step: as 0013 has it (in batch a busy key is
   # measured in parts: batch_task sets first_stage_of), spread over
   # measuring keys by request id (a design bench/research_v4.py weighed),
   # or free.
@@ -435,7 +435,7 @@ def batch_task(workload, r_key, seed, quick):
       'keyed_8': batch_model.group(
           requests, batch_model.random_shard_keys(requests, 8, seed), bs),
   }
-  # The default's measuring step measures a busy key in parts (0012);
+  # The default's measuring step measures a busy key in parts (0013);
   # adaptive_v3 measured every key whole.
   measuring = measuring_of(spec, requests, seed, w, bs)
   if charges['default'].first_stage_spread == 1:

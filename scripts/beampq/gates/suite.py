@@ -37,8 +37,9 @@ from beampq.gates.workspace import Workspace
 
 # The folder that holds the beampq package, for the pytest plugin.
 PACKAGE_PARENT = Path(beampq.__file__).resolve().parent.parent
-# Test folders that exercise BatchElements and RunInference as a whole, and
-# the BundleBasedDirectRunner's metrics, which 0004 changes.
+# Test folders that exercise BatchElements and RunInference as a whole, the
+# BundleBasedDirectRunner's metrics, which 0004 changes, and the metrics
+# containers, which 0005 changes.
 REGRESSION_FOLDERS = (
     'apache_beam/transforms',
     'apache_beam/ml/inference',
