@@ -157,6 +157,20 @@ def test_a_small_batch_size_lowers_the_warm_rate():
   assert not any(cold[20:])
 
 
+def test_a_long_buffering_period_is_judged_over_the_decay_period():
+  # As 0013's _next_shard: the rate reflects about decay_secs (30 s), so
+  # with 60 s buffering a key seen every 120 s stays cold (judged over 60 s
+  # it would be warm from its first element at the default
+  # own_batches_from, 2), and one seen every second turns warm.
+  spec = policies.TwoStageSpec(
+      rate_per_shard=1.0, split_from=2.0, run_batches=1, own_batches_from=2)
+  route = policies.two_stage_from(spec, BATCH, 60.0)
+  rare = [route(request(i, 120 * i, key='rare'))[0][0] for i in range(5)]
+  assert rare == ['cold'] * 5
+  busy = [route(request(i, 1000 + i, key='busy'))[0][0] for i in range(10)]
+  assert busy[-1] != 'cold'
+
+
 def test_adaptive_v3_never_has_cold_keys():
   v3 = policies.adaptive_v3(SPEC)
   assert v3.own_batches_from is None

@@ -252,11 +252,12 @@ class TwoStage:
     rate = self._rate(state, now_us, self.min_span_us)
     if self.own_batches_from is not None:
       # 0013's _next_shard: cold below own_batches_from elements per
-      # buffering period, and below half of it once warm.
+      # buffering period (or per decay period, if shorter), and below half
+      # of it once warm.
       own = min(self.batch_size, self.own_batches_from)
       if state[3] >= 0:
         own /= 2
-      if rate * self.buffering_s < own:
+      if rate * min(self.buffering_s, self.tau_us / MICROS) < own:
         state[3], state[4] = -1, 0
         return state, 0
     if rate < self.split_from:
