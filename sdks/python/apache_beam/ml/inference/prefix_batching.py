@@ -136,13 +136,15 @@ class _PrefixKeyFn:
     # str's own slice: a str subclass's could give a key of its type, which
     # has no deterministic encoding of its own.
     head = str.__getitem__(text, slice(self._window))
-    # Delimiters that open the text end no shared part: the key runs to the
-    # first delimiter after them, so that it is never empty, nor only
-    # delimiters that unrelated texts open with too.
+    # Whitespace and delimiters that open the text end no shared part: the
+    # key runs to the first delimiter after them, so that it is never empty,
+    # nor only whitespace and delimiters that unrelated texts open with too.
     start = 0
     skipped = True
     while skipped:
       skipped = False
+      while start < len(head) and head[start].isspace():
+        start += 1
       for delimiter in self.delimiters:
         if head.startswith(delimiter, start):
           start += len(delimiter)
@@ -175,13 +177,13 @@ class PromptPrefixKeyFn(_PrefixKeyFn):
       DEFAULT_PREFIX_CHAR_LEN.
     delimiters: strings that end the shared part of a prompt. Defaults to
       ``('\\n\\n',)``, a blank line (prompts with Windows line ends need
-      ``'\\r\\n\\r\\n'``); ``()`` keys by length alone. Delimiters at
-      the very start of a prompt are skipped: the key runs to the first
-      delimiter after them. A template whose fixed header ends in a blank
-      line gives every prompt one key: Llama 3's chat template puts one
-      after its first role header, so prompts rendered with it need the end
-      of the shared part instead, such as ``('<|eot_id|>',)``, which ends
-      its system turn.
+      ``'\\r\\n\\r\\n'``); ``()`` keys by length alone. Whitespace and
+      delimiters at the very start of a prompt are skipped: the key runs to
+      the first delimiter after them. A template whose fixed header ends in
+      a blank line gives every prompt one key: Llama 3's chat template puts
+      one after its first role header, so prompts rendered with it need the
+      end of the shared part instead, such as ``('<|eot_id|>',)``, which
+      ends its system turn.
   """
   DEFAULT_DELIMITERS = ('\n\n', )
 

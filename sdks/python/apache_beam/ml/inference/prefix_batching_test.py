@@ -111,6 +111,18 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
             'role': 'system', 'content': '\n\n\nBe brief.\n\nDate: today'
         }]), ('system', '\n\n\nBe brief.'))
 
+  def test_leading_whitespace_is_skipped_with_the_delimiters(self):
+    # Prompts that open with a line of spaces keep keys of their own, not
+    # the space that such prompts share.
+    key_fn = PromptPrefixKeyFn()
+    self.assertEqual(
+        key_fn(' \n\nTranslate.\n\nGood morning'), ' \n\nTranslate.')
+    self.assertEqual(key_fn(' \n\nSummarize.\n\nBeam is'), ' \n\nSummarize.')
+    self.assertEqual(key_fn('\t \n \n\nPick.\n\nx'), '\t \n \n\nPick.')
+    self.assertEqual(key_fn(' \n\n '), ' \n\n ')
+    key_fn = PromptPrefixKeyFn(delimiters=(':', ))
+    self.assertEqual(key_fn(' : Pick one: x'), ' : Pick one')
+
   def test_search_is_bounded_by_the_prefix(self):
     key_fn = PromptPrefixKeyFn(10)
     huge = _NoFullScan('x' * (8 << 20))
