@@ -158,7 +158,8 @@ class TwoStage:
   ceil(rate / rate_per_shard) shards, at most max_shards (one while its
   rate is under split_from). With own_batches_from set (issue 24's
   default), a key whose rate brings fewer than own_batches_from elements
-  (at most the batch size) per buffering period is cold, and cold again
+  (at most the batch size) per buffering period (per tau_s, if shorter)
+  is cold, and cold again
   once warm only below half of that: its element goes to cold_key(key), the
   state key the cold keys of its measuring process share; a key that turns
   warm starts its runs at shard 0. The cold keys of a measuring process
