@@ -317,7 +317,8 @@ class PrefixBatchingConfig:
       workers, each of which computes the prefix once. Defaults to
       AdaptiveNumShards(), which measures each prefix's rate: prefixes seen
       less often than about once per buffering period (on bounded input in
-      a batch pipeline, fewer than 8 times, or a batch if smaller) share
+      a batch pipeline, fewer than 8 times, or a batch if smaller; not on
+      the DirectRunner, which measures bounded input as a stream) share
       batches (a recurring one on the same worker), and busier ones get
       batches of their own, on more shards the busier they are, one shard
       at a time, in runs.
