@@ -110,6 +110,11 @@ _MAX_PAGE_BYTES = 2 << 20
 # longest a socket operation of it may block.
 _MIN_SCRAPE_SECS = 1.0
 _MAX_SCRAPE_SECS = 4.0
+# Two scrapes further apart than this many poll intervals (and a scrape's
+# time limit) span failed scrapes or a stalled thread: no interval between
+# them is judged saturated, since a preemption or a full cache in a gap of
+# minutes says nothing of what the server ran at either end.
+_MAX_INTERVAL_POLLS = 2
 _MAX_SOCKET_TIMEOUT_SECS = 2.0
 # How long stop() lets the thread finish its last scrape before it cuts the
 # connection, and then how long it waits for the thread to end.
@@ -136,12 +141,14 @@ _PLATEAU = 1.1
 _STABILITY = 0.1
 # Once the hold has passed without a saturated scrape, a measured capacity
 # is estimated again only if the hold showed room for at least this many
-# times it: the server served that many batches without queueing, or, for a
-# capacity its full cache bounded, its cache would hold them (the requests
-# grew shorter). A pool gives each worker at most the capacity it
-# published, so only the cache shows room in a pool that is right. A
-# server that was simply not pushed to its capacity (the pool is right, or
-# the load fell) and whose cache shows no room keeps it: a re-estimate
+# times it: the server served that many batches without queueing; for a
+# capacity a queue bounded, its batches hold that many times fewer
+# requests; or, for a capacity its full cache bounded, its cache would
+# hold them (the requests grew shorter). A pool gives each worker at most
+# the capacity it published, so only the batches' sizes and the cache show
+# room in a pool that is right. A server that was simply not pushed to its
+# capacity (the pool is right, or the load fell) whose batches and cache
+# show no room keeps it: a re-estimate
 # offers more than the load, and in a pool that was right that moves the
 # pool by a worker and back.
 _OUTGROWN = 1.25
@@ -400,15 +407,22 @@ class CapacityEstimator:
   more than 10%. Once no scrape is saturated (the load fell, the server
   idles or restarted), it is held for ``config.hold_secs``, and past it
   while the hold showed no room for 1.25 times it. Room is a server that
-  served that many batches without queueing, or, for a capacity measured
-  by a full cache, a cache that would hold that many batches below
+  served that many batches without queueing; for a capacity measured by a
+  queue, batches that hold fewer requests (the queue bounds the requests
+  the server runs, so it runs more of smaller batches): measured at 1.25
+  times the requests per batch in flight that the server held over the
+  hold; or, for a capacity measured by a full cache, a cache that would
+  hold that many batches below
   ``config.saturated_cache_usage`` at the most usage per batch in flight
   of the hold's scrapes without a queue (the requests grew shorter), where
   the prior allows them. A pool gives each worker at most what it
-  published, so in a pool that is right only the cache can show room; a
-  server that was not pushed to its capacity, and whose cache shows no
-  room, says nothing against it, and probing again would move a pool that
-  is right by a worker and back.
+  published, so in a pool that is right only the batches' sizes and the
+  cache can show room; a server that was not pushed to its capacity, and
+  whose batches and cache show no room, says nothing against it, and
+  probing again would move a pool that is right by a worker and back.
+  Nor does an interval between scrapes more than two poll intervals (and
+  a scrape's time limit) apart count as saturated: it spans failed
+  scrapes.
 
   Before the first measurement, and after a hold that showed room,
   it estimates the capacity from above and from below. From above, its prior:
@@ -473,6 +487,9 @@ class CapacityEstimator:
     # cache full (by usage or preemptions) rather than a queue alone.
     self._usage_per_batch: collections.deque = collections.deque()
     self._cache_bound = False
+    # The requests the server held per batch in flight when it was last
+    # measured.
+    self._measured_size: Optional[float] = None
     self._capacity: Optional[float] = None
     self._measured: Optional[float] = None
     self._measured_at = -math.inf
@@ -554,6 +571,10 @@ class CapacityEstimator:
     last = self._last
     if last is not None and now <= last.time:
       return
+    if last is not None and now - last.time > (
+        _MAX_INTERVAL_POLLS * self._config.poll_interval_secs +
+        _MAX_SCRAPE_SECS):
+      last = None
     point = _Point(now, scrape, len(self._in_flight), self._requests_in_flight)
     self._last = point
     self._first_scrape = min(self._first_scrape, now)
@@ -579,6 +600,7 @@ class CapacityEstimator:
         self._samples.append((now, sum(served) / len(served)))
         self._new_samples = True
         self._measured_at = now
+        self._measured_size = self._requests_per_batch()
         self._cache_bound = True
     elif warm and self._queue_saturated(point):
       served_now = point.served()
@@ -586,6 +608,7 @@ class CapacityEstimator:
         self._samples.append((now, served_now))
         self._new_samples = True
         self._measured_at = now
+        self._measured_size = self._requests_per_batch()
         self._cache_bound = False
     elif point.batches and not queued:
       self._note_load(now, point.batches)
@@ -708,18 +731,33 @@ class CapacityEstimator:
   def _room_grew(self, capacity: float) -> bool:
     """Whether what the hold saw says the capacity grew past 1.25 times
     the one measured: the server served that many batches without queueing;
-    or a capacity its full cache bounded would now fit 1.25 times below
+    or a capacity a queue bounded came from batches of 1.25 times as many
+    requests as the server now holds per batch in flight; or a capacity its
+    full cache bounded would now fit 1.25 times below
     config.saturated_cache_usage, at the most cache its scrapes without a
     queue held per batch in flight, and its prior, when known, allows it."""
     grown = _OUTGROWN * capacity
     if self._loads and self._loads[0][1] >= grown:
       return True
-    if not self._cache_bound or not self._usage_per_batch:
+    if not self._cache_bound:
+      size = self._requests_per_batch()
+      return bool(
+          size and self._measured_size and
+          self._measured_size >= _OUTGROWN * size)
+    if not self._usage_per_batch:
       return False
     prior = self._prior()
     return (prior is None or prior >= grown) and (
         self._usage_per_batch[0][1] * grown
         < self._config.saturated_cache_usage)
+
+  def _requests_per_batch(self) -> float:
+    """The requests the server held per batch in flight over the hold, or
+    those sent per batch before it held any; 0 before any was sent."""
+    if self._held_batches:
+      return self._held_requests / self._held_batches
+    batches, requests = self._batches_sent, self._requests_sent
+    return requests / batches if batches else 0
 
   def _prior(self) -> Optional[float]:
     """The most batches the server can serve at once by its configuration:
@@ -727,11 +765,7 @@ class CapacityEstimator:
     limit = self._config.max_running_requests
     if limit is None:
       return None
-    if self._held_batches:
-      size = self._held_requests / self._held_batches
-    else:
-      batches, requests = self._batches_sent, self._requests_sent
-      size = requests / batches if batches else 0
+    size = self._requests_per_batch()
     return limit / size if size > 0 else None
 
   def _estimate(self, now: float) -> Optional[float]:
@@ -1145,8 +1179,6 @@ class PrometheusNumLoadedModelsPublisher:
         _LOGGER.exception('Publisher %s failed to poll.', self._tag)
       if exited:
         if self._stopping.is_set():
-          # Its owner stopped the server: nothing takes the value over.
-          self._publish(0)
           break
         with self._lock:
           if self._urls_set != urls_set:
@@ -1157,15 +1189,16 @@ class PrometheusNumLoadedModelsPublisher:
         # Not 0: a restarted server's publisher takes over the estimator
         # and its value.
         _LOGGER.info('Publisher %s stops: its server has exited.', self._tag)
-        break
+        return
       elif self._stopping.wait(self._config.poll_interval_secs):
         try:
           # Counter increases since the last poll, e.g. of the last batches.
           self._scrape()
         except Exception:  # pylint: disable=broad-except
           _LOGGER.exception('Publisher %s failed to poll.', self._tag)
-        self._publish(0)
         break
+    # Its owner stopped the server: nothing takes the value over.
+    self._publish(0)
 
   def _poll(self) -> bool:
     """Scrapes the server once and publishes the current value; returns

@@ -1398,6 +1398,26 @@ class EstimatorTest(unittest.TestCase):
         # 1.75 times the load of 16, at most twice the capacity.
         self.assertEqual(self.value, expected)
 
+  def test_a_queue_bound_capacity_of_larger_batches_is_estimated_again(self):
+    # A queue measured 16 batches of 8 requests: the server runs about 128
+    # requests. Past the hold, 16 batches in flight without queueing, of
+    # 4 requests each, 7 (not 1.25 times fewer) or 8. Of 4 it would run
+    # twice the batches: the estimator probes (1.75 times the load of 16),
+    # though the load never reached more than it published.
+    for size, expected in ((4, 28), (7, 16), (8, 16)):
+      with self.subTest(size=size):
+        self.setUp()
+        estimator = self.estimator(max_running_requests=256)
+        self.saturate(estimator, waiting=0, batches=16)
+        self.saturate(estimator, waiting=32, batches=20)
+        self.assertEqual(self.value, 16)
+        self.in_flight(estimator, 0)
+        self.in_flight(estimator, 16, size=size)
+        self.scrape = scrape(16 * size, 0)
+        self.poll(estimator, 740)
+        self.assertEqual(estimator.measured, expected == 16)
+        self.assertEqual(self.value, expected)
+
   def test_the_most_load_of_the_hold_decides_a_re_estimate(self):
     # Within the hold, 20 batches without queueing change nothing: the
     # hold has not passed. Once it has, the load of the hold decides.
@@ -1490,6 +1510,21 @@ class EstimatorTest(unittest.TestCase):
     self.assertFalse(estimator._samples)
     self.poll(estimator)
     self.assertEqual(self.value, 24)
+
+  def test_scrapes_minutes_apart_span_no_interval(self):
+    # The scrapes in between failed (an overloaded server times out), and
+    # the server preempted a request in that gap: not a saturated interval.
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 24)
+    self.scrape = scrape(16, 0, preemptions=0)
+    self.poll(estimator)
+    self.scrape = scrape(16, 0, preemptions=1)
+    self.poll(estimator, secs=600)
+    self.assertFalse(estimator._samples)
+    # Two poll intervals and a scrape's time limit apart still count.
+    self.scrape = scrape(128, 0, preemptions=2)
+    self.poll(estimator, secs=14)
+    self.assertTrue(estimator._samples)
 
   def test_a_queue_at_half_the_scrapes_is_saturation(self):
     # Lockstep outputs: the queue drains at every other scrape, while the
