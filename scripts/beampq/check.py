@@ -84,8 +84,9 @@ def _problems(project: Project, series: series_model.Series) -> list[str]:
     off = None if in_progress else refresh.off_the_queue(project)
     then = (
         f'finish or abort the {in_progress} in progress, then run `beampq '
-        'refresh`' if in_progress else
-        f'{off}, then run `beampq refresh`' if off else 'run `beampq refresh`')
+        'refresh`' if in_progress else f'{off}, then run `beampq refresh`'
+        if off else 'commit them, then run `beampq refresh`'
+        if now.uncommitted else 'run `beampq refresh`')
     problems.append(
         f'{project.rel(project.tree)} has work that is not in patches/ '
         f'({"; ".join(now.local_work)}): {then}')

@@ -67,6 +67,14 @@ def test_check_fails_on_local_work(project):
     check.check(project)
 
 
+def test_check_asks_to_commit_uncommitted_work_first(project, capsys):
+  # refresh refuses uncommitted changes: check's advice says so.
+  (project.tree / 'sdks/python/apache_beam/util.py').write_text('dirty\n')
+  with pytest.raises(Error, match='check found 1 problem$'):
+    check.check(project)
+  assert 'commit them, then run `beampq refresh`' in capsys.readouterr().err
+
+
 def test_check_during_a_rebase_says_to_finish_it_first(project, capsys):
   # refresh refuses while a rebase is stopped: check's advice says so.
   commit_in_tree(project, 'More', {'sdks/python/apache_beam/util.py': 'x\n'})

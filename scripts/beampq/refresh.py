@@ -148,12 +148,12 @@ def write_patches(
   owner: dict[str, str] = {}
   patches = []
   made = []
+  earlier: list[tuple[str, str]] = []
   for number, commit in enumerate(git.commits_since(repo, base_commit), 1):
     subject = git.output('log', '-1', '--format=%s', commit, cwd=repo)
     if subject.startswith(_TO_SQUASH):
-      raise Error(
-          f'"{subject}" is not squashed into its commit yet: run '
-          f'`git -C {repo} rebase -i --autosquash {BASE_TAG}` first')
+      raise Error(_unsquashed(subject, earlier, repo))
+    earlier.append((commit, subject))
     fields = git.output(
         'diff-tree',
         '-r',
@@ -202,6 +202,25 @@ def write_patches(
   series = series_model.group(patches, names)
   (out / 'patches' / 'series').write_text(series_model.to_text(series))
   return series
+
+
+def _unsquashed(
+    subject: str, earlier: list[tuple[str, str]], repo: Path) -> str:
+  """What to do about a fixup!, squash! or amend! commit, given the
+  (commit, subject) pairs before it: autosquash it, or, when it names none
+  of them (as `git rebase --autosquash` matches: a subject's start or a
+  commit's hash), say so, since autosquash would leave it as it is."""
+  target = subject
+  while target.startswith(_TO_SQUASH):
+    target = target.split(' ', 1)[1]
+  if any(s.startswith(target) or c.startswith(target) for c, s in earlier):
+    return (
+        f'"{subject}" is not squashed into its commit yet: run '
+        f'`git -C {repo} rebase -i --autosquash {BASE_TAG}` first')
+  return (
+      f'"{subject}" names no commit before it, so autosquash leaves it: '
+      'reword it to start with its commit\'s subject, or squash it by hand '
+      f'(`git -C {repo} rebase -i {BASE_TAG}`)')
 
 
 def off_the_queue(project: Project) -> Optional[str]:

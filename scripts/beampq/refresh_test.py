@@ -221,19 +221,36 @@ def test_refresh_refuses_a_head_other_than_the_queue(
       p.name: p.read_text()
       for p in project.patches.glob('*.patch')
   } == before
-  # check gives the same advice, not a refresh that refuses.
+  # check and tree give the same advice, not a refresh that refuses.
   with pytest.raises(Error, match='check found 1 problem'):
     check.check(project)
   assert re.search(
       f'has {shown}.*, then run `beampq refresh`', capsys.readouterr().err)
+  with pytest.raises(Error,
+                     match=f'has {shown}.*, then run `beampq refresh` to keep'):
+    tree.update(project)
 
 
-def test_refresh_refuses_an_unsquashed_fixup(project):
+@pytest.mark.parametrize(
+    'names, shown',
+    [
+        ('subject', 'is not squashed .*--autosquash base'),
+        ('hash', 'is not squashed .*--autosquash base'),
+        # Autosquash would leave it where it is: running it cannot help.
+        ('nothing', 'names no commit before it.*reword it'),
+    ])
+def test_refresh_refuses_an_unsquashed_fixup(project, names, shown):
+  first = tree_git(project, 'rev-list', '--reverse', 'base..HEAD').split()[0]
+  target = {
+      'subject': tree_git(project, 'log', '-1', '--format=%s', first)[:12],
+      'hash': first[:10],
+      'nothing': '[Python] No such change',
+  }[names]
   commit_in_tree(
       project,
-      f'fixup! {project.read_series().patches[0].name}',
+      f'fixup! fixup! {target}',
       {'sdks/python/apache_beam/util.py': UTIL.replace('line 30\n', 'x\n')})
-  with pytest.raises(Error, match='is not squashed .*--autosquash base'):
+  with pytest.raises(Error, match=shown):
     refresh.refresh(project)
 
 

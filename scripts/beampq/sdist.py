@@ -148,10 +148,15 @@ def fetch(project: Project, source: Optional[Path] = None) -> Path:
     actual = sha256_of(target)
     if actual == base.sha256:
       return target
-    target.unlink(missing_ok=True)
+    # Moved aside, not deleted: a mistyped pin would otherwise cost a
+    # machine without the index its only copy of the release.
+    aside = target.with_name(f'{target.name}.sha256-{actual[:12]}')
+    target.replace(aside)
     print(
-        f'beampq: removed cached {project.rel(target)}: sha256 {actual} '
-        f'is not the pinned {base.sha256}',
+        f'beampq: moved cached {project.rel(target)} to '
+        f'{project.rel(aside)}: sha256 {actual} is not the pinned '
+        f'{base.sha256} (if the pin is wrong, fix it and run `beampq fetch '
+        f'--from {project.rel(aside)}`)',
         file=sys.stderr)
   project.cache.mkdir(parents=True, exist_ok=True)
   if source is not None and not source.is_file():

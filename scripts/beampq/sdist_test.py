@@ -88,6 +88,13 @@ def test_fetch_replaces_a_corrupted_cache(tmp_path, index):
   project.cache.mkdir(parents=True)
   (project.cache / 'apache_beam-9.9.0.tar.gz').write_bytes(b'garbage')
   assert sdist.fetch(project).read_bytes() == testing.SDIST
+  # Moved aside, not deleted: the pin, not the file, may be what is wrong.
+  aside = [p.name for p in project.cache.glob('*.sha256-*')]
+  assert aside == [
+      'apache_beam-9.9.0.tar.gz.sha256-' +
+      sdist.sha256_of(project.cache / aside[0])[:12]
+  ]
+  assert (project.cache / aside[0]).read_bytes() == b'garbage'
 
 
 def test_fetch_reports_an_unreachable_index(tmp_path, monkeypatch):

@@ -167,7 +167,9 @@ def group(
 
 
 # The lines that open and close a block of generated benchmark figures.
-_GENERATED_MARKER = re.compile(r'^<!-- /?bench:[a-z0-9-]+ -->\n?', re.M)
+# Whole-line HTML comments: the markers of generated figures (see
+# bench/blocks.py) and notes to this repository's maintainers.
+_COMMENT_LINE = re.compile(r'^<!--.*?-->\n?', re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,9 +188,10 @@ class Description:
     return cls(title[2:].strip(), body.strip())
 
   def reviewer_body(self) -> str:
-    """The body without the markers of generated figures (see
-    bench/blocks.py), which only this repository needs."""
-    return _GENERATED_MARKER.sub('', self.body).strip()
+    """The body without its whole-line HTML comments (the markers of
+    generated figures, see bench/blocks.py), which only this repository
+    needs and which a commit message would show as they are."""
+    return _COMMENT_LINE.sub('', self.body).strip()
 
   def markdown(self) -> str:
     return f'# {self.title}\n\n{self.reviewer_body()}\n'

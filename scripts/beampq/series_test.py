@@ -129,3 +129,9 @@ def test_a_description_for_reviewers_has_no_figure_markers():
   assert description.markdown() == '# Title\n\nWhy.\n\nFigures 1.5x.\n'
   assert description.commit_message() == 'Title\n\nWhy.\n\nFigures 1.5x.\n'
   assert '<!-- bench:pr-x -->' in description.body
+
+
+def test_a_description_for_reviewers_has_no_notes_to_maintainers():
+  description = series.Description.parse(
+      '# Title\n\nWhy.\n<!-- Regenerate with tox -e x. -->\n| a |\n', 'x.md')
+  assert description.commit_message() == 'Title\n\nWhy.\n| a |\n'

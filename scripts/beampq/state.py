@@ -53,7 +53,11 @@ def inputs_digest(project: Project, series: series_model.Series) -> str:
     digest.update(data)
 
   add('format', TREE_FORMAT.encode())
-  add('base', f'{project.base.sha256} {project.base.subdir}'.encode())
+  base = project.base
+  add(
+      'base',
+      f'{base.project} {base.version} {base.filename} {base.sha256} '
+      f'{base.subdir}'.encode())
   for patch in series.patches:
     add(patch.name, read_bytes(project.patches / patch.name))
     for path in patch.new_files:

@@ -21,6 +21,7 @@ import shutil
 
 from beampq import state
 from beampq import testing
+from beampq.project import Project
 from beampq.testing import tree_git
 
 SECOND = '0002-Python-Add-a-module.patch'
@@ -42,6 +43,14 @@ def test_tree_state_is_the_one_answer_to_is_it_current(project):
   assert not now.current and not now.local_work, 'patches/ moved on'
   shutil.rmtree(project.tree)
   assert state.tree_state(project) == state.TreeState(None, [], False)
+
+
+def test_a_new_pinned_release_makes_the_tree_stale(project):
+  # The same sdist pinned as another version (a hand edit of base.cfg that
+  # kept the hash) is not the tree that was built.
+  config = project.root / 'patches' / 'base.cfg'
+  config.write_text(config.read_text().replace('9.9.0', '9.9.1'))
+  assert not state.tree_state(Project(project.root)).current
 
 
 def test_pull_request_lines_do_not_make_the_tree_stale(project):

@@ -183,7 +183,11 @@ def update(
       work += ', and patches/ or sdks/ changed since it was built'
       keep = state.carry_over_hint(project, now)
     else:
+      # Imported here: refresh builds on this module.
+      from beampq import refresh
+      off = refresh.off_the_queue(project)
       keep = (
+          f'{off}, then run `beampq refresh` to keep it' if off else
           'run `beampq refresh` (after committing any uncommitted changes) '
           'to keep it')
     raise Error(f'{work}: {keep}; or run `beampq tree --force` to discard it')
