@@ -82,11 +82,17 @@ def _problems(project: Project, series: series_model.Series) -> list[str]:
   if now.local_work:
     in_progress = git.operation_in_progress(project.tree)
     off = None if in_progress else refresh.off_the_queue(project)
+    if in_progress:
+      first = f'finish or abort the {in_progress} in progress'
+    elif off:
+      first = off
+    elif now.uncommitted:
+      first = 'commit them'
+    else:
+      first = None
     then = (
-        f'finish or abort the {in_progress} in progress, then run `beampq '
-        'refresh`' if in_progress else f'{off}, then run `beampq refresh`'
-        if off else 'commit them, then run `beampq refresh`'
-        if now.uncommitted else 'run `beampq refresh`')
+        f'{first}, then run `beampq refresh`'
+        if first else 'run `beampq refresh`')
     problems.append(
         f'{project.rel(project.tree)} has work that is not in patches/ '
         f'({"; ".join(now.local_work)}): {then}')

@@ -166,7 +166,6 @@ def group(
   return series
 
 
-# The lines that open and close a block of generated benchmark figures.
 # Whole-line HTML comments: the markers of generated figures (see
 # bench/blocks.py) and notes to this repository's maintainers.
 _COMMENT_LINE = re.compile(r'^<!--.*?-->\n?', re.M)

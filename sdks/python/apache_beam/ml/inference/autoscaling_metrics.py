@@ -148,9 +148,8 @@ _STABILITY = 0.1
 # the capacity it published, so only the batches' sizes and the cache show
 # room in a pool that is right. A server that was simply not pushed to its
 # capacity (the pool is right, or the load fell) whose batches and cache
-# show no room keeps it: a re-estimate
-# offers more than the load, and in a pool that was right that moves the
-# pool by a worker and back.
+# show no room keeps it: a re-estimate offers more than the load, and in a
+# pool that was right that moves the pool by a worker and back.
 _OUTGROWN = 1.25
 # Before its first measurement, an estimator offers at most this many times
 # the most batches it has served without queueing (and at least the
@@ -404,25 +403,23 @@ class CapacityEstimator:
   clients of one server each measure their share of it in proportion to
   their batches. The capacity is the median of the samples of the last
   ``config.window_secs``; it moves only when that median differs from it by
-  more than 10%. Once no scrape is saturated (the load fell, the server
-  idles or restarted), it is held for ``config.hold_secs``, and past it
-  while the hold showed no room for 1.25 times it. Room is a server that
-  served that many batches without queueing; for a capacity measured by a
-  queue, batches that hold fewer requests (the queue bounds the requests
-  the server runs, so it runs more of smaller batches): measured at 1.25
-  times the requests per batch in flight that the server held over the
-  hold; or, for a capacity measured by a full cache, a cache that would
-  hold that many batches below
-  ``config.saturated_cache_usage`` at the most usage per batch in flight
-  of the hold's scrapes without a queue (the requests grew shorter), where
-  the prior allows them. A pool gives each worker at most what it
-  published, so in a pool that is right only the batches' sizes and the
-  cache can show room; a server that was not pushed to its capacity, and
-  whose batches and cache show no room, says nothing against it, and
-  probing again would move a pool that is right by a worker and back.
-  Nor does an interval between scrapes more than two poll intervals (and
-  a scrape's time limit) apart count as saturated: it spans failed
-  scrapes.
+  more than 10%. Once no scrape is saturated (the load fell, the server idles
+  or restarted), it is held for ``config.hold_secs``, and past it while the
+  hold showed no room for 1.25 times it. Room is a server that served that
+  many batches without queueing; for a capacity measured by a queue, batches
+  that hold fewer requests (the queue bounds the requests the server runs, so
+  it runs more of smaller batches): measured at 1.25 times the requests per
+  batch in flight that the server held over the hold; or, for a capacity
+  measured by a full cache, a cache that would hold that many batches below
+  ``config.saturated_cache_usage`` at the most usage per batch in flight of
+  the hold's scrapes without a queue (the requests grew shorter), where the
+  prior allows them. A pool gives each worker at most what it published, so in
+  a pool that is right only the batches' sizes and the cache can show room; a
+  server that was not pushed to its capacity, and whose batches and cache show
+  no room, says nothing against it, and probing again would move a pool that
+  is right by a worker and back. Nor does an interval between scrapes more
+  than two poll intervals (and a scrape's time limit) apart count as
+  saturated: it spans failed scrapes.
 
   Before the first measurement, and after a hold that showed room,
   it estimates the capacity from above and from below. From above, its prior:
