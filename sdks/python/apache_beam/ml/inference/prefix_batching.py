@@ -64,6 +64,10 @@ def _identity(element):
   return element
 
 
+# Sequences that cannot be a chat's messages or a message's content parts:
+# their items are characters or ints.
+_NOT_SEQUENCES = (str, bytes, bytearray)
+
 # Shortens the values that error messages about elements show.
 _SHORT_REPR = reprlib.Repr()
 _SHORT_REPR.maxstring = _SHORT_REPR.maxother = 60
@@ -84,8 +88,9 @@ def _check_prefix_char_len(prefix_char_len, key_fn_class=None):
       # The class itself was likely given as a key function, and called
       # with an element.
       hint = (
-          f' {key_fn_class} takes its settings, not an element: as a key '
-          f'function pass an instance, {key_fn_class}(), not the class.')
+          f' If {key_fn_class} was given as a key function, pass an '
+          f'instance, {key_fn_class}(), not the class: it takes its '
+          'settings, not an element.')
     raise TypeError(
         f'prefix_char_len must be a positive int, got {prefix_char_len!r}.'
         f'{hint}')
@@ -218,7 +223,8 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
       later messages.
   """
   def __call__(self, messages: Sequence[Any]) -> tuple[str, str]:
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+    if (isinstance(messages, _NOT_SEQUENCES) or
+        not isinstance(messages, Sequence)):
       raise TypeError(
           'ChatPrefixKeyFn keys a sequence of chat messages, got '
           f'{_shown(messages)}.')
@@ -252,7 +258,8 @@ class ChatPrefixKeyFn(_PrefixKeyFn):
   def _content_text(self, content) -> str:
     if content is None or isinstance(content, str):
       return content or ''
-    if isinstance(content, Sequence):
+    if (isinstance(content, Sequence) and
+        not isinstance(content, _NOT_SEQUENCES)):
       pieces, length = [], 0
       for part in content:
         if length >= self._window:

@@ -123,6 +123,29 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
     key_fn = PromptPrefixKeyFn(delimiters=(':', ))
     self.assertEqual(key_fn(' : Pick one: x'), ' : Pick one')
 
+  def test_a_leading_delimiter_of_several_characters_is_skipped_whole(self):
+    # A delimiter that a prompt opens with is skipped as a whole, not a
+    # character at a time: the rest of it does not end the key early.
+    key_fn = PromptPrefixKeyFn(delimiters=('---', ))
+    self.assertEqual(
+        key_fn('---\n---\nBe brief.---What is Beam?'), '---\n---\nBe brief.')
+    self.assertEqual(
+        key_fn('---\n---\nAnswer in French.---Hi'),
+        '---\n---\nAnswer in French.')
+    key_fn = PromptPrefixKeyFn(delimiters=('<|eot_id|>', ))
+    self.assertEqual(
+        key_fn('<|eot_id|><|eot_id|>Be brief.<|eot_id|>Hi'),
+        '<|eot_id|><|eot_id|>Be brief.')
+
+  def test_delimiters_are_copied_when_built(self):
+    # A list of delimiters changed after the key function is built does not
+    # change the keys it gives.
+    delimiters = [':']
+    key_fn = PromptPrefixKeyFn(delimiters=delimiters)
+    delimiters.append(' ')
+    self.assertEqual(key_fn.delimiters, (':', ))
+    self.assertEqual(key_fn('Pick one: a or b'), 'Pick one')
+
   def test_search_is_bounded_by_the_prefix(self):
     key_fn = PromptPrefixKeyFn(10)
     huge = _NoFullScan('x' * (8 << 20))
@@ -171,6 +194,12 @@ class PromptPrefixKeyFnTest(unittest.TestCase):
     # A number is a setting, only of the wrong type.
     with self.assertRaisesRegex(TypeError, r'got 2\.5\.$'):
       PromptPrefixKeyFn(2.5)
+    # A length given as a str may be either: the hint says when it applies.
+    with self.assertRaisesRegex(TypeError,
+                                r"^prefix_char_len must be a positive int, "
+                                r"got '256'\. If PromptPrefixKeyFn was given "
+                                r"as a key function, pass an instance"):
+      PromptPrefixKeyFn('256')
 
   def test_a_str_subclass_keys_as_plain_text(self):
     class Sliced(str):
@@ -286,6 +315,29 @@ class ChatPrefixKeyFnTest(unittest.TestCase):
         ChatPrefixKeyFn(8)([dict(role='user', content=parts)]),
         ('user', 'abcxxxxx'))
 
+  def test_content_parts_past_a_full_prefix_are_not_read(self):
+    # Parts that exactly fill the prefix end the reading: the next one is
+    # not looked at, even if it is of an unknown shape.
+    parts = [
+        dict(type='text', text='abcd'),
+        dict(type='text', text='efgh'),
+        'not a part',
+    ]
+    self.assertEqual(
+        ChatPrefixKeyFn(8)([dict(role='user', content=parts)]),
+        ('user', 'abcdefgh'))
+
+  def test_a_message_object_without_content_is_refused(self):
+    @dataclasses.dataclass
+    class RoleOnly:
+      role: str
+
+    with self.assertRaisesRegex(TypeError,
+                                'needs chat messages with role and content, '
+                                r'as dicts or attributes, got .* of type '
+                                r'RoleOnly\.$'):
+      ChatPrefixKeyFn()([RoleOnly('system')])
+
   def test_empty_content(self):
     self.assertEqual(
         ChatPrefixKeyFn()([dict(role='assistant', content=None)]),
@@ -324,6 +376,21 @@ class ChatPrefixKeyFnTest(unittest.TestCase):
           'int content', [dict(role='user', content=5)],
           TypeError,
           'got 5 of type int'),
+      param(
+          'bytes content', [dict(role='user', content=b'hi')],
+          TypeError,
+          r"a str, None or a list of content parts, got b'hi' of type "
+          r"bytes\.$"),
+      param(
+          'bytearray content', [dict(role='user', content=bytearray(b'hi'))],
+          TypeError,
+          r"content parts, got bytearray\(b'hi'\) of type bytearray\.$"),
+      param(
+          'a bytearray conversation',
+          bytearray(b'hi'),
+          TypeError,
+          r"sequence of chat messages, got bytearray\(b'hi'\) of type "
+          r"bytearray\.$"),
       param(
           'a part without type', [dict(role='user', content=[dict(text='x')])],
           TypeError,
