@@ -168,7 +168,9 @@ _PROBE_WITHOUT_PRIOR = 2
 _FAR_BELOW = 4
 # A batch in flight for longer than this many times the longest batch that
 # finished over the hold, and at least _MIN_EXPIRY_SECS, is taken as lost
-# (its client process died without finishing it) and no longer counted.
+# (its client process died without finishing it) and no longer counted. One
+# that finishes after all counts among those that finished, so that batches
+# that grew longer (a queue that formed) are soon kept again.
 _EXPIRY_FACTOR = 4
 _MIN_EXPIRY_SECS = 300
 # A server that holds more than this many times the requests its client has
@@ -441,7 +443,8 @@ class CapacityEstimator:
   ``config.max_batches_in_flight``, the batches the worker can have in
   flight. A batch in flight for more than 4 times the longest that
   finished over the hold (and 300 s), or for the whole hold when none
-  finished, is taken as lost.
+  finished, is taken as lost; if it finishes after all, its duration
+  raises that limit.
 
   Args:
     config: an AutoscalingConfig; the defaults when None.
@@ -454,6 +457,9 @@ class CapacityEstimator:
     self._config = config
     # id -> (time started, requests) of the batches in flight.
     self._in_flight: dict[int, tuple[float, int]] = {}
+    # id -> time started of the batches taken as lost over the hold, oldest
+    # first: one that finishes after all still counts among the durations.
+    self._lost: dict[int, float] = {}
     self._next_batch = 0
     self._requests_in_flight = 0
     self._batches_sent = 0
@@ -528,12 +534,17 @@ class CapacityEstimator:
 
   def batch_finished(self, now: float, batch: int) -> None:
     """Notes that the batch batch_started answered got all its responses,
-    or failed, at now. A batch already taken as lost is ignored."""
+    or failed, at now. A batch already taken as lost is no longer in
+    flight, but its duration counts: batches longer than the limit raise it
+    once one finishes."""
     record = self._in_flight.pop(batch, None)
-    if record is None:
+    if record is not None:
+      started, requests = record
+      self._requests_in_flight -= requests
+    elif batch in self._lost:
+      started = self._lost.pop(batch)
+    else:
       return
-    started, requests = record
-    self._requests_in_flight -= requests
     duration = now - started
     durations = self._durations
     while durations and durations[-1][1] <= duration:
@@ -669,6 +680,8 @@ class CapacityEstimator:
       self._held_requests -= held
     while self._durations and self._durations[0][0] < cutoff:
       self._durations.popleft()
+    while self._lost and next(iter(self._lost.values())) < cutoff:
+      del self._lost[next(iter(self._lost))]
     cutoff = now - self._config.saturated_queue_secs
     while len(self._recent) > 1 and self._recent[0][0] < cutoff:
       self._recent.popleft()
@@ -682,9 +695,10 @@ class CapacityEstimator:
       lost = list(
           itertools.takewhile(
               lambda item: now - item[1][0] > limit, self._in_flight.items()))
-      for batch, (_, requests) in lost:
+      for batch, (started, requests) in lost:
         del self._in_flight[batch]
         self._requests_in_flight -= requests
+        self._lost[batch] = started
       if lost:
         self._note(
             '%d batch(es) in flight for more than %d s are taken as lost' %

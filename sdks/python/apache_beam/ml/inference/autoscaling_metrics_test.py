@@ -1286,6 +1286,9 @@ class EstimatorTest(unittest.TestCase):
         'preemptions': (
             scrape(128, 0, preemptions=3), scrape(128, 0, preemptions=5)),
         'cache_at_one_end': (scrape(128, 0, 0.95), scrape(128, 0, 0.5)),
+        # A counter that went down was reset: no preemption in between.
+        'preemptions_reset': (
+            scrape(128, 0, preemptions=5), scrape(128, 0, preemptions=3)),
         'not_turned_over': (
             scrape(128, 0, 0.95, finished=127),
             scrape(128, 0, 0.95, finished=127)),
@@ -1294,6 +1297,7 @@ class EstimatorTest(unittest.TestCase):
         'cache': 24,
         'preemptions': 24,
         'cache_at_one_end': None,
+        'preemptions_reset': None,
         # The server has not finished as many requests as it runs.
         'not_turned_over': None,
     }
@@ -1480,6 +1484,17 @@ class EstimatorTest(unittest.TestCase):
     self.poll(estimator, 40)
     self.assertEqual(self.value, 32)
 
+  def test_prior_counts_only_the_clients_requests_held(self):
+    # 4 batches of 8, while the server holds 64 requests (another client's,
+    # or n = 2): the prior is 256 over the 8 requests of each of the
+    # client's batches, 32, not 256 / 16 (a bound too low is never
+    # corrected), and the estimate sqrt(4 * 32).
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 4)
+    self.scrape = scrape(64, 0)
+    self.poll(estimator, 40)
+    self.assertEqual(self.value, round(math.sqrt(4 * 32)))
+
   def test_nothing_is_published_until_the_load_settles(self):
     estimator = self.estimator(max_running_requests=256)
     for batches in range(1, 11):
@@ -1610,6 +1625,46 @@ class EstimatorTest(unittest.TestCase):
     self.in_flight(estimator, 3)
     self.assertEqual(estimator.batches_in_flight, 3)
 
+  def test_a_lost_batch_that_finishes_raises_the_limit(self):
+    # Batches of 40 s, then a queue forms and batches take 420 s: the first
+    # is taken as lost at 300 s, but once it finishes, batches of 420 s are
+    # kept (the limit is 4 times 420 s), where they would be lost for the
+    # hour the batches of 40 s are remembered.
+    estimator = self.estimator(max_running_requests=256)
+    short = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 8)
+    estimator.batch_finished(self.now, short)
+    slow = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 61)
+    self.assertEqual(estimator.batches_in_flight, 0)
+    self.poll(estimator, 23)
+    estimator.batch_finished(self.now, slow)
+    self.assertEqual(estimator.batches_in_flight, 0)
+    slow = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 84)
+    self.assertEqual(estimator.batches_in_flight, 1)
+    estimator.batch_finished(self.now, slow)
+    self.assertEqual(estimator.batches_in_flight, 0)
+
+  def test_a_batch_lost_for_the_hold_is_forgotten(self):
+    # A batch is remembered as lost over the hold only: one that finishes
+    # after that leaves the limit to the batches of 40 s since (300 s),
+    # where its two hours would raise it to eight.
+    estimator = self.estimator(max_running_requests=256)
+    lost = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 721)
+    self.assertEqual(estimator.batches_in_flight, 0)
+    self.poll(estimator, 721)
+    short = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 8)
+    estimator.batch_finished(self.now, short)
+    estimator.batch_finished(self.now, lost)
+    estimator.batch_started(self.now, 8)
+    self.poll(estimator, 60)
+    self.assertEqual(estimator.batches_in_flight, 1)
+    self.poll(estimator)
+    self.assertEqual(estimator.batches_in_flight, 0)
+
   def test_a_lost_batch_expires_with_none_finished(self):
     # The client process died with every batch it had in flight, and the
     # pipeline went idle: no batch finishes. After the hold, they are lost.
@@ -1679,6 +1734,146 @@ class EstimatorTest(unittest.TestCase):
       CapacityEstimator({})
     with self.assertRaisesRegex(TypeError, 'num_requests'):
       CapacityEstimator().batch_started(0.0, 2.0)
+
+  def test_a_server_that_runs_nothing_is_not_measured(self):
+    # The engine stalls: requests of 8 of the 24 batches wait for minutes
+    # and none runs. A queue with a steady running count of 0 is no
+    # measurement (it would say 16), nor load.
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 24)
+    self.scrape = scrape(0, 64)
+    self.poll(estimator, 40)
+    self.assertFalse(estimator.measured)
+    self.assertIsNone(self.value)
+
+  def test_a_scrape_not_after_the_last_is_ignored(self):
+    # A coarse clock gives two scrapes one time: no interval lies between
+    # them, whatever their counters say.
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 24)
+    self.scrape = scrape(128, 0, preemptions=0)
+    self.poll(estimator)
+    estimator.observe(self.now, scrape(128, 0, preemptions=5))
+    estimator.observe(self.now - 1, scrape(128, 0, preemptions=9))
+    self.assertIsNone(estimator.value(self.now))
+    self.assertFalse(estimator.measured)
+
+  def test_scrapes_just_past_the_gap_span_no_interval(self):
+    # Two poll intervals and a scrape's time limit is 14 s: 15 s apart,
+    # the scrapes span a failed one, and a preemption between them is no
+    # saturation.
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 24)
+    self.scrape = scrape(128, 0, preemptions=0)
+    self.poll(estimator)
+    self.scrape = scrape(128, 0, preemptions=1)
+    self.poll(estimator, secs=15)
+    self.assertFalse(estimator.measured)
+    self.scrape = scrape(128, 0, preemptions=2)
+    self.poll(estimator, secs=14)
+    self.assertTrue(estimator.measured)
+
+  def test_a_server_that_finished_as_many_as_it_runs_is_measured(self):
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 24)
+    self.scrape = scrape(128, 0, usage=0.95, finished=128)
+    self.poll(estimator, 2)
+    self.assertTrue(estimator.measured)
+    self.assertEqual(self.value, 24)
+
+  def test_a_queue_that_does_not_saturate_is_not_load(self):
+    # 24 batches in flight, requests of more than two of them waiting, while
+    # the running count keeps rising: neither saturated nor a load served
+    # without a queue, so nothing is published (2 * 24, or the prior, would
+    # be a guess from a load the server did not serve).
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 24)
+    for i in range(48):
+      self.scrape = scrape(60 + 2 * i, 120)
+      self.poll(estimator)
+    self.assertFalse(estimator.measured)
+    self.assertIsNone(self.value)
+    self.assertIn('did not queue', estimator.why_none)
+
+  def test_the_value_is_at_least_1(self):
+    # 4 batches measured, at a target utilization of a tenth: 0.4 rounds
+    # to 0, which would read as a publisher that stopped.
+    estimator = self.estimator(max_running_requests=256, target_utilization=0.1)
+    self.in_flight(estimator, 4)
+    self.scrape = scrape(32, 0, usage=0.95)
+    self.poll(estimator, 2)
+    self.assertTrue(estimator.measured)
+    self.assertEqual(self.value, 1)
+
+  def test_the_prior_counts_the_batch_sizes_of_the_hold_only(self):
+    # For an hour, batches of 32 requests; then, for over an hour, batches
+    # of 8: the prior is 256 / 8 = 32 batches, and the estimate from the
+    # load of 4 is sqrt(4 * 32). Sizes of all time would give a prior of
+    # about 13, and 7.
+    estimator = self.estimator(max_running_requests=256)
+    self.in_flight(estimator, 4, size=32)
+    self.scrape = scrape(128, 0)
+    self.poll(estimator, 700)
+    self.in_flight(estimator, 0)
+    self.in_flight(estimator, 4, size=8)
+    self.scrape = scrape(32, 0)
+    self.poll(estimator, 740)
+    self.assertEqual(self.value, round(math.sqrt(4 * 32)))
+
+  def test_a_long_batch_older_than_the_hold_no_longer_delays_expiry(self):
+    # A batch of 1000 s finished, then the hold passed. Batches of 40 s
+    # since: one in flight for over 300 s is lost, not kept for 4000 s.
+    estimator = self.estimator(max_running_requests=256)
+    long_batch = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 200)
+    estimator.batch_finished(self.now, long_batch)
+    self.poll(estimator, 740)
+    lost = estimator.batch_started(self.now, 8)
+    short = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 8)
+    estimator.batch_finished(self.now, short)
+    self.poll(estimator, 53)
+    self.assertEqual(estimator.batches_in_flight, 0)
+    estimator.batch_finished(self.now, lost)
+    self.assertEqual(estimator.batches_in_flight, 0)
+
+  def test_a_lost_batch_no_longer_counts_its_requests(self):
+    # 16 batches of a dead client process are lost; 24 batches in flight
+    # after, of which requests of 8 wait: 16 are served. Counting the
+    # requests of the lost ones would say 19.
+    estimator = self.estimator(max_running_requests=256)
+    for _ in range(16):
+      estimator.batch_started(self.now, 8)
+    done = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 8)
+    estimator.batch_finished(self.now, done)
+    self.poll(estimator, 53)
+    self.assertEqual(estimator.batches_in_flight, 0)
+    self.saturate(estimator)
+    self.assertEqual(self.value, 16)
+
+  def test_a_re_estimate_offers_at_least_1_25_times_the_measurement(self):
+    # A queue measured 16 batches of 8 against a server of 128 requests;
+    # then batches of 4, 8 at a time: room for smaller batches. The
+    # estimate from the load (1.75 * 8 = 14, the prior being 32) is below
+    # what was measured: it offers 1.25 times it, 20, to probe for more.
+    estimator = self.estimator(max_running_requests=128)
+    self.saturate(estimator, waiting=0, batches=16)
+    self.saturate(estimator, waiting=32, batches=20)
+    self.assertEqual(self.value, 16)
+    self.in_flight(estimator, 0)
+    self.in_flight(estimator, 8, size=4)
+    self.scrape = scrape(32, 0)
+    self.poll(estimator, 740)
+    self.assertFalse(estimator.measured)
+    self.assertEqual(self.value, 20)
+
+  def test_a_batch_may_hold_no_requests(self):
+    estimator = self.estimator(max_running_requests=256)
+    batch = estimator.batch_started(self.now, 0)
+    self.assertEqual(estimator.batches_in_flight, 1)
+    estimator.batch_finished(self.now, batch)
+    self.assertEqual(estimator.batches_in_flight, 0)
 
 
 class _PageServer:
@@ -1895,6 +2090,34 @@ class ThreadTest(unittest.TestCase):
     self.assertIsNone(publisher.value)
     # A restarted server needs a new publisher: this one refuses its URL.
     self.assertFalse(publisher.set_metrics_url(url))
+
+  def test_stop_publishes_0_when_the_scrape_it_cuts_was_of_an_exited_server(
+      self):
+    # The owner stops the server it has stopped: the scrape in progress,
+    # which stop() cuts, fails and the server reads as exited. Nothing takes
+    # the value over, so 0 is published all the same.
+    server = self.serve(lambda: vllm_text(32, 16), mode='hung')
+    publisher = self.start(
+        server.url, poll_interval_secs=2, alive=lambda: False)
+    self.wait_until(lambda: server.scrapes, 'a scrape in progress')
+    publisher.stop()
+    self.assertFalse(publisher.running)
+    self.assertEqual(publisher.value, 0)
+    self.assertEqual(num_loaded_models(publisher._tag).max, 0)
+
+  def test_a_page_larger_than_2_mib_is_not_read(self):
+    server = self.serve(lambda: vllm_text(32, 16) + '# padding\n' * (1 << 18))
+    estimator = _RecordingEstimator()
+    publisher = PrometheusNumLoadedModelsPublisher(
+        server.url, uuid.uuid4().hex, VLLM_NAMES, estimator=estimator)
+    with self.assertLogs(autoscaling_metrics.__name__, 'WARNING') as logs:
+      publisher._poll()
+    self.assertIn('larger than', '\n'.join(logs.output))
+    self.assertEqual(estimator.scrapes, [])
+    # The same page without the padding is read.
+    server.page = lambda: vllm_text(32, 16)
+    publisher._poll()
+    self.assertEqual(estimator.scrapes, [scrape(32, 16)])
 
   def test_a_server_restarted_as_its_exit_is_seen_is_polled(self):
     # The scrape of the old server fails and its process reads as exited;
@@ -2129,6 +2352,14 @@ class SampleLinesTest(unittest.TestCase):
     page = vllm_text(32, 16).replace(
         f'vllm:num_requests_waiting{{{LABELS}}} 16',
         'vllm:num_requests_waiting{model_name="m} 16')
+    with self.assertLogs(autoscaling_metrics.__name__, 'WARNING') as logs:
+      self.assertEqual(self.read(page), [])
+    self.assertIn('Not a sample', '\n'.join(logs.output))
+
+  def test_a_line_with_more_than_a_value_and_a_timestamp_is_not_a_sample(self):
+    page = vllm_text(32, 16).replace(
+        f'vllm:num_requests_waiting{{{LABELS}}} 16',
+        f'vllm:num_requests_waiting{{{LABELS}}} 16 1700000000 5')
     with self.assertLogs(autoscaling_metrics.__name__, 'WARNING') as logs:
       self.assertEqual(self.read(page), [])
     self.assertIn('Not a sample', '\n'.join(logs.output))
@@ -2370,6 +2601,19 @@ class PublisherTest(unittest.TestCase):
     alive[0] = False
     self.now += 5
     self.assertFalse(publisher._poll())
+
+  def test_a_server_that_answers_is_polled_whatever_alive_says(self):
+    # alive is asked only when a scrape fails: a server that answers is
+    # polled, and measured, however its process reads.
+    checks = []
+
+    def alive():
+      checks.append(self.now)
+      return False
+
+    publisher = self.publisher(alive=alive)
+    self.saturate(publisher)
+    self.assertEqual(checks, [])
 
   def test_a_successor_keeps_the_estimator(self):
     publisher = self.publisher()
