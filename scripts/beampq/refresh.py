@@ -253,12 +253,40 @@ def off_the_queue(project: Project) -> Optional[str]:
       f'--ff-only {name}` in it)')
 
 
+def _commits(count: int) -> str:
+  return f'{count} commit' if count == 1 else f'{count} commits'
+
+
+def _check_none_emptied(
+    project: Project,
+    previous: series_model.Series,
+    series: series_model.Series) -> None:
+  """Refuses a refresh that would leave a pull request of the series with
+  no patch: a queue cut short (build/beam reset to an earlier commit) more
+  likely than a pull request dropped on purpose."""
+  kept = {pr.name for pr in series.pull_requests}
+  emptied = [
+      pr for pr in previous.pull_requests if pr.patches and pr.name not in kept
+  ]
+  if not emptied:
+    return
+  names = ', '.join(patch.name for patch in emptied[0].patches)
+  raise Error(
+      f'[{emptied[0].name}] would lose every patch ({names}): '
+      f'{project.rel(project.tree)} has {_commits(len(series.patches))} on '
+      f'the base where the series has {len(previous.patches)}. Put the '
+      f'commits back (`git -C {project.rel(project.tree)} reflog` finds '
+      'them), or, to drop the pull request, take its lines out of '
+      'patches/series and refresh with --force')
+
+
 def refresh(project: Project, force: bool = False):
   """Writes patches/, sdks/ and the series from build/beam's commits, each
   patch with its commit's author and date, as `git commit --amend` keeps
   them: a patch nobody changed is written as it was. Refuses, unless
   force, when patches/ or sdks/ changed since the tree was built or
-  refreshed: it would overwrite those changes."""
+  refreshed: it would overwrite those changes. Refuses to leave a pull
+  request of the series with no patch."""
   tree = project.tree
   now = state.tree_state(project)
   if now.stamp is None:
@@ -293,6 +321,7 @@ def refresh(project: Project, force: bool = False):
     out = Path(scratch)
     series = write_patches(
         tree, now.base_commit, out, previous, project.patches)
+    _check_none_emptied(project, previous, series)
     head = git.output('rev-parse', 'HEAD', cwd=tree)
     for old in project.patches.glob('*.patch'):
       old.unlink()

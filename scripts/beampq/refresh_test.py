@@ -133,6 +133,26 @@ def test_refresh_refuses_a_pull_request_split_in_two(project):
   check.check(project)
 
 
+def test_refresh_refuses_to_empty_a_pull_request(project):
+  # build/beam reset to its queue's first commit: [feature] would lose its
+  # only patch, and its new file.
+  tree_git(project, 'reset', '-q', '--hard', 'HEAD~1')
+  with pytest.raises(
+      Error,
+      match=(re.escape(f'[feature] would lose every patch ({SECOND})') +
+             ': build/beam has 1 commit on the base where the '
+             'series has 2')):
+    refresh.refresh(project)
+  assert (project.patches / SECOND).is_file()
+  assert _pull_requests(project) == [('fix', [FIRST]), ('feature', [SECOND])]
+  # Dropped on purpose: its lines out of the series first.
+  series = project.patches / 'series'
+  series.write_text(series.read_text().split('[feature]\n')[0])
+  refresh.refresh(project, force=True)
+  assert _pull_requests(project) == [('fix', [FIRST])]
+  assert not (project.patches / SECOND).exists()
+
+
 def test_refresh_needs_a_pull_request(tmp_path, index):
   index.publish('apache_beam-9.9.0.tar.gz', testing.SDIST)
   project = testing.make_project(tmp_path)
