@@ -1526,20 +1526,23 @@ class EstimatorTest(unittest.TestCase):
     self.poll(estimator)
     self.assertEqual(self.value, 24)
 
-  def test_scrapes_minutes_apart_span_no_interval(self):
+  def test_scrapes_further_apart_than_a_scrape_span_no_interval(self):
     # The scrapes in between failed (an overloaded server times out), and
-    # the server preempted a request in that gap: not a saturated interval.
-    estimator = self.estimator(max_running_requests=256)
-    self.in_flight(estimator, 24)
-    self.scrape = scrape(16, 0, preemptions=0)
-    self.poll(estimator)
-    self.scrape = scrape(16, 0, preemptions=1)
-    self.poll(estimator, secs=600)
-    self.assertFalse(estimator._samples)
-    # Two poll intervals and a scrape's time limit apart still count.
-    self.scrape = scrape(128, 0, preemptions=2)
-    self.poll(estimator, secs=14)
-    self.assertTrue(estimator._samples)
+    # the server preempted a request in that gap: not a saturated interval,
+    # minutes apart or just past two poll intervals and a scrape's time
+    # limit (14 s). Scrapes 14 s apart still count.
+    for gap_secs in (600, 15):
+      with self.subTest(gap_secs=gap_secs):
+        estimator = self.estimator(max_running_requests=256)
+        self.in_flight(estimator, 24)
+        self.scrape = scrape(128, 0, preemptions=0)
+        self.poll(estimator)
+        self.scrape = scrape(128, 0, preemptions=1)
+        self.poll(estimator, secs=gap_secs)
+        self.assertFalse(estimator.measured)
+        self.scrape = scrape(128, 0, preemptions=2)
+        self.poll(estimator, secs=14)
+        self.assertTrue(estimator.measured)
 
   def test_a_queue_at_half_the_scrapes_is_saturation(self):
     # Lockstep outputs: the queue drains at every other scrape, while the
@@ -1757,21 +1760,6 @@ class EstimatorTest(unittest.TestCase):
     estimator.observe(self.now - 1, scrape(128, 0, preemptions=9))
     self.assertIsNone(estimator.value(self.now))
     self.assertFalse(estimator.measured)
-
-  def test_scrapes_just_past_the_gap_span_no_interval(self):
-    # Two poll intervals and a scrape's time limit is 14 s: 15 s apart,
-    # the scrapes span a failed one, and a preemption between them is no
-    # saturation.
-    estimator = self.estimator(max_running_requests=256)
-    self.in_flight(estimator, 24)
-    self.scrape = scrape(128, 0, preemptions=0)
-    self.poll(estimator)
-    self.scrape = scrape(128, 0, preemptions=1)
-    self.poll(estimator, secs=15)
-    self.assertFalse(estimator.measured)
-    self.scrape = scrape(128, 0, preemptions=2)
-    self.poll(estimator, secs=14)
-    self.assertTrue(estimator.measured)
 
   def test_a_server_that_finished_as_many_as_it_runs_is_measured(self):
     estimator = self.estimator(max_running_requests=256)
