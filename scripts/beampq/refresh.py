@@ -65,10 +65,11 @@ class _PullRequestFinder:
   built from: the pull request of the patch with the same subject (when
   only one pull request has it), else of the patch with the same diff (a
   reworded commit). A commit that matches neither takes the place of the
-  patch at its position when the queue kept its length (a commit both
-  reworded and amended), else joins the pull request of the commit before
-  it (a new commit joins the pull request it follows), unless the next
-  pull request lost a patch, which it may be: that is refused."""
+  patch at its position when the queue kept its length and no commit
+  matches that patch (a commit both reworded and amended), else joins the
+  pull request of the commit before it (a new commit joins the pull
+  request it follows), unless the next pull request lost a patch, which
+  it may be: that is refused."""
   def __init__(self, previous: series_model.Series, patches_dir: Path):
     if not previous.pull_requests:
       raise Error(
@@ -78,34 +79,54 @@ class _PullRequestFinder:
     self.by_subject: dict[str, set[str]] = {}
     self.by_diff: dict[str, str] = {}
     self.positions: list[str] = []
+    # The (subject, diff) of the patch at each position; None when missing.
+    self.patches: list[Optional[tuple[str, Optional[str]]]] = []
     for pr in previous.pull_requests:
       for patch in pr.patches:
         self.positions.append(pr.name)
         path = patches_dir / patch.name
         if not path.is_file():
+          self.patches.append(None)
           continue
         text = path.read_text()
-        self.by_subject.setdefault(git.patch_subject(text), set()).add(pr.name)
+        subject = git.patch_subject(text)
         diff = git.patch_id(text)
+        self.patches.append((subject, diff))
+        self.by_subject.setdefault(subject, set()).add(pr.name)
         if diff:
           self.by_diff.setdefault(diff, pr.name)
 
-  def _match(self, subject: str, patch_text: str) -> Optional[str]:
+  def _match(self, subject: str, diff: Optional[str]) -> Optional[str]:
     owners = self.by_subject.get(subject, set())
     if len(owners) == 1:
       return next(iter(owners))
-    diff = git.patch_id(patch_text)
     return self.by_diff.get(diff) if diff else None
+
+  def _matched_positions(self, keys: list[tuple[str, Optional[str]]]) -> set:
+    """The positions whose patch some commit matches by subject or diff."""
+    subjects = {subject for subject, _ in keys}
+    diffs = {diff for _, diff in keys if diff}
+    return {
+        i
+        for i, patch in enumerate(self.patches)
+        if patch and (patch[0] in subjects or patch[1] in diffs)
+    }
 
   def assign(self, commits: list[tuple[str, str]]) -> list[str]:
     """The pull request of each (subject, patch text), in queue order."""
-    found = [self._match(subject, text) for subject, text in commits]
+    keys = [(subject, git.patch_id(text)) for subject, text in commits]
+    found = [self._match(subject, diff) for subject, diff in keys]
+    # With the queue's length kept, a commit that matches nothing where no
+    # commit matches the old patch is that patch, edited.
+    edited = set()
     if len(commits) == len(self.positions):
-      return [name or self.positions[i] for i, name in enumerate(found)]
+      edited = set(range(len(commits))) - self._matched_positions(keys)
     order = list(dict.fromkeys(self.positions))
     names: list[str] = []
     for i, match in enumerate(found):
       name = match
+      if name is None and i in edited:
+        name = self.positions[i]
       if name is None:
         name = names[-1] if names else self.first
         later = next((n for n in found[i + 1:] if n is not None), None)
@@ -280,13 +301,32 @@ def _check_none_emptied(
       'patches/series and refresh with --force')
 
 
+def _strays(project: Project, series: series_model.Series) -> list[str]:
+  """The patches and the files under sdks/ that the series does not name,
+  which a refresh replaces (Python's caches aside)."""
+  named = {patch.name for patch in series.patches}
+  strays = [
+      project.rel(path) for path in sorted(project.patches.glob('*.patch'))
+      if path.name not in named
+  ]
+  if project.new_files.is_dir():
+    listed = set(series.new_files)
+    for path in sorted(project.new_files.rglob('*')):
+      rel = project.rel(path)
+      if (path.is_file() and rel not in listed and
+          '__pycache__' not in path.parts):
+        strays.append(rel)
+  return strays
+
+
 def refresh(project: Project, force: bool = False):
   """Writes patches/, sdks/ and the series from build/beam's commits, each
   patch with its commit's author and date, as `git commit --amend` keeps
   them: a patch nobody changed is written as it was. Refuses, unless
   force, when patches/ or sdks/ changed since the tree was built or
-  refreshed: it would overwrite those changes. Refuses to leave a pull
-  request of the series with no patch."""
+  refreshed, or hold files the series does not name: it would overwrite or
+  delete them. Refuses to leave a pull request of the series with no
+  patch."""
   tree = project.tree
   now = state.tree_state(project)
   if now.stamp is None:
@@ -308,6 +348,13 @@ def refresh(project: Project, force: bool = False):
         f'{project.rel(tree)} has uncommitted changes '
         f'({dirty[0].strip()}{more}): commit them first')
   previous = project.read_series()
+  strays = _strays(project, previous)
+  if strays and not force:
+    more = f' and {len(strays) - 3} more' if len(strays) > 3 else ''
+    raise Error(
+        f'patches/series does not name {", ".join(strays[:3])}{more}, which '
+        'refreshing would delete: move them away (or commit them in '
+        f'{project.rel(tree)}), or refresh with --force to delete them')
   if not force and now.inputs_changed:
     keep = (
         state.carry_over_hint(project, now)
@@ -324,7 +371,7 @@ def refresh(project: Project, force: bool = False):
     _check_none_emptied(project, previous, series)
     head = git.output('rev-parse', 'HEAD', cwd=tree)
     for old in project.patches.glob('*.patch'):
-      old.unlink()
+      old.unlink()  # The strays among them only with force (above).
     for patch in (out / 'patches').iterdir():
       shutil.copyfile(patch, project.patches / patch.name)
     if project.new_files.exists():

@@ -355,6 +355,47 @@ def test_a_new_commit_joins_the_pull_request_it_follows(project):
   ]
 
 
+def test_a_new_commit_where_a_dropped_one_was_is_not_taken_for_it(project):
+  # `feature` has two patches; one rebase drops its last and adds a commit
+  # after `fix`'s. The queue keeps its length, but the patch at the new
+  # commit's position is the next commit's: the new one may end `fix` or be
+  # the dropped patch edited, and is refused, not given to `feature`.
+  commit_in_tree(
+      project, '[Python] Add x', {'sdks/python/apache_beam/x.py': 'X\n'})
+  refresh.refresh(project)
+  tree_git(project, 'rebase', '-q', '--exec', 'true', tree.BASE_TAG)
+  first, second, _ = tree_git(
+      project, 'rev-list', '--reverse', f'{tree.BASE_TAG}..HEAD').split()
+  tree_git(project, 'reset', '-q', '--hard', first)
+  commit_in_tree(
+      project, '[Python] Add y', {'sdks/python/apache_beam/y.py': 'Y\n'})
+  tree_git(project, 'cherry-pick', second)
+  with pytest.raises(Error, match='"\\[Python\\] Add y" matches no patch'):
+    refresh.refresh(project)
+
+
+def test_refresh_refuses_to_delete_files_the_series_does_not_name(project):
+  draft = project.patches / '0099-Draft.patch'
+  draft.write_text('a draft\n')
+  notes = project.root / 'sdks/python/apache_beam/notes/draft.py'
+  notes.parent.mkdir()
+  notes.write_text('NOTES = 1\n')
+  cache = project.root / 'sdks/python/apache_beam/__pycache__/new_mod.pyc'
+  cache.parent.mkdir()
+  cache.write_bytes(b'')
+  with pytest.raises(
+      Error,
+      match=re.escape(
+          'patches/series does not name patches/0099-Draft.patch, '
+          'sdks/python/apache_beam/notes/draft.py, which refreshing would '
+          'delete')):
+    refresh.refresh(project)
+  assert draft.is_file() and notes.is_file()
+  refresh.refresh(project, force=True)
+  assert not draft.exists() and not notes.exists()
+  check.check(project)
+
+
 def test_refresh_refuses_to_overwrite_edited_patches(project):
   patch = project.patches / FIRST
   edited = patch.read_text().replace('+five', '+FIVE')
