@@ -444,7 +444,8 @@ class CapacityEstimator:
   flight. A batch in flight for more than 4 times the longest that
   finished over the hold (and 300 s), or for the whole hold when none
   finished, is taken as lost; if it finishes after all, its duration
-  raises that limit.
+  raises that limit, and the batches lost under the lower limit that the
+  new one keeps are in flight again.
 
   Args:
     config: an AutoscalingConfig; the defaults when None.
@@ -457,9 +458,10 @@ class CapacityEstimator:
     self._config = config
     # id -> (time started, requests) of the batches in flight.
     self._in_flight: dict[int, tuple[float, int]] = {}
-    # id -> time started of the batches taken as lost over the hold, oldest
-    # first: one that finishes after all still counts among the durations.
-    self._lost: dict[int, float] = {}
+    # id -> (time started, requests) of the batches taken as lost over the
+    # hold, oldest first: one that finishes after all still counts among the
+    # durations, and the others come back in flight if that raised the limit.
+    self._lost: dict[int, tuple[float, int]] = {}
     self._next_batch = 0
     self._requests_in_flight = 0
     self._batches_sent = 0
@@ -542,7 +544,7 @@ class CapacityEstimator:
       started, requests = record
       self._requests_in_flight -= requests
     elif batch in self._lost:
-      started = self._lost.pop(batch)
+      started, _ = self._lost.pop(batch)
     else:
       return
     duration = now - started
@@ -680,7 +682,7 @@ class CapacityEstimator:
       self._held_requests -= held
     while self._durations and self._durations[0][0] < cutoff:
       self._durations.popleft()
-    while self._lost and next(iter(self._lost.values())) < cutoff:
+    while self._lost and next(iter(self._lost.values()))[0] < cutoff:
       del self._lost[next(iter(self._lost))]
     cutoff = now - self._config.saturated_queue_secs
     while len(self._recent) > 1 and self._recent[0][0] < cutoff:
@@ -690,15 +692,25 @@ class CapacityEstimator:
     limit = self._config.hold_secs
     if self._durations:
       limit = max(_MIN_EXPIRY_SECS, _EXPIRY_FACTOR * self._durations[0][1])
+    # Batches taken as lost under a lower limit, which a batch that finished
+    # since has raised, are in flight again. They are the youngest lost.
+    back = [(batch, record) for batch, record in self._lost.items()
+            if now - record[0] <= limit]
+    if back:
+      for batch, record in back:
+        del self._lost[batch]
+        self._in_flight[batch] = record
+        self._requests_in_flight += record[1]
+      self._in_flight = dict(sorted(self._in_flight.items()))
     if self._in_flight:
       # The batches in flight, oldest first.
       lost = list(
           itertools.takewhile(
               lambda item: now - item[1][0] > limit, self._in_flight.items()))
-      for batch, (started, requests) in lost:
+      for batch, record in lost:
         del self._in_flight[batch]
-        self._requests_in_flight -= requests
-        self._lost[batch] = started
+        self._requests_in_flight -= record[1]
+        self._lost[batch] = record
       if lost:
         self._note(
             '%d batch(es) in flight for more than %d s are taken as lost' %

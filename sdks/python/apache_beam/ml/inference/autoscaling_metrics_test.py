@@ -1610,9 +1610,9 @@ class EstimatorTest(unittest.TestCase):
 
   def test_a_lost_batch_expires(self):
     estimator = self.estimator(max_running_requests=256)
-    # 16 batches that a dead client process never finishes, while a batch
-    # of 40 s finishes.
-    lost = [estimator.batch_started(self.now, 8) for _ in range(16)]
+    # 16 batches whose requests hang, while a batch of 40 s finishes.
+    for _ in range(16):
+      estimator.batch_started(self.now, 8)
     done = estimator.batch_started(self.now, 8)
     self.poll(estimator, 8)
     estimator.batch_finished(self.now, done)
@@ -1622,9 +1622,6 @@ class EstimatorTest(unittest.TestCase):
     self.poll(estimator)
     self.assertEqual(estimator.batches_in_flight, 0)
     self.assertIn('16 batch(es)', str(estimator.pop_notes()))
-    # Finishing one later adds nothing in flight.
-    estimator.batch_finished(self.now, lost[0])
-    self.assertEqual(estimator.batches_in_flight, 0)
     self.in_flight(estimator, 3)
     self.assertEqual(estimator.batches_in_flight, 3)
     # Nor do their requests count: 24 batches in flight, of which requests
@@ -1652,6 +1649,36 @@ class EstimatorTest(unittest.TestCase):
     self.assertEqual(estimator.batches_in_flight, 1)
     estimator.batch_finished(self.now, slow)
     self.assertEqual(estimator.batches_in_flight, 0)
+
+  def test_batches_lost_under_a_lower_limit_are_in_flight_again(self):
+    # After batches of 40 s, two slow ones are taken as lost at 300 s. Once
+    # the first finishes, at 425 s, the limit is 4 times that, and the
+    # second, 420 s in flight, is in flight again.
+    estimator = self.estimator(max_running_requests=256)
+    short = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 8)
+    estimator.batch_finished(self.now, short)
+    slow = estimator.batch_started(self.now, 8)
+    self.poll(estimator)
+    slower = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 61)
+    self.assertEqual(estimator.batches_in_flight, 0)
+    fresh = estimator.batch_started(self.now, 8)
+    self.poll(estimator, 23)
+    estimator.batch_finished(self.now, slow)
+    self.poll(estimator)
+    self.assertEqual(estimator.batches_in_flight, 2)
+    # Its requests count again: 4 batches of 8 in flight, of which requests
+    # of 2 wait, serve 2. Counting 8 requests fewer would say 1.
+    self.batches = [slower, fresh]
+    self.saturate(estimator, waiting=16, batches=4, running=8)
+    self.assertEqual(self.value, 2)
+    # It is the oldest in flight again, so it is the first lost, after
+    # 1700 s; the batch started after it was lost is kept till 2050 s.
+    self.poll(estimator, 242)
+    self.assertEqual(estimator.batches_in_flight, 4)
+    self.poll(estimator)
+    self.assertEqual(estimator.batches_in_flight, 3)
 
   def test_a_batch_lost_for_the_hold_is_forgotten(self):
     # A batch is remembered as lost over the hold only: one that finishes
