@@ -80,22 +80,10 @@ def _problems(project: Project, series: series_model.Series) -> list[str]:
     problems.append(str(e))
   now = state.tree_state(project, series)
   if now.local_work:
-    in_progress = git.operation_in_progress(project.tree)
-    off = None if in_progress else refresh.off_the_queue(project)
-    if in_progress:
-      first = f'finish or abort the {in_progress} in progress'
-    elif off:
-      first = off
-    elif now.uncommitted:
-      first = 'commit them'
-    else:
-      first = None
-    then = (
-        f'{first}, then run `beampq refresh`'
-        if first else 'run `beampq refresh`')
     problems.append(
         f'{project.rel(project.tree)} has work that is not in patches/ '
-        f'({"; ".join(now.local_work)}): {then}')
+        f'({"; ".join(now.local_work)}): '
+        f'{refresh.how_to_keep(project, now)}')
   return problems
 
 
@@ -120,8 +108,8 @@ def _round_trip(project: Project, series: series_model.Series) -> list[str]:
         problems.append(
             f'patches/{patch.name} is stale: a tree built from patches/ '
             'and sdks/ writes it back otherwise (after a hand edit of '
-            'either, even of a file an earlier patch adds): run `beampq '
-            'tree` and `beampq refresh`')
+            'either, even of a file an earlier patch adds): run `python3 '
+            '-m beampq tree` and `python3 -m beampq refresh`')
     return problems
 
 

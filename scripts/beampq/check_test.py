@@ -72,7 +72,8 @@ def test_check_asks_to_commit_uncommitted_work_first(project, capsys):
   (project.tree / 'sdks/python/apache_beam/util.py').write_text('dirty\n')
   with pytest.raises(Error, match='check found 1 problem$'):
     check.check(project)
-  assert 'commit them, then run `beampq refresh`' in capsys.readouterr().err
+  assert 'commit them, then run `python3 -m beampq refresh`' in capsys.readouterr(
+  ).err
 
 
 def test_check_during_a_rebase_says_to_finish_it_first(project, capsys):
@@ -83,8 +84,29 @@ def test_check_during_a_rebase_says_to_finish_it_first(project, capsys):
   assert git.attempt('rebase', 'main', cwd=project.tree).returncode != 0
   with pytest.raises(Error):
     check.check(project)
-  assert 'finish or abort the rebase in progress, then run `beampq refresh`' in (
+  assert 'finish or abort the rebase in progress, then run `python3 -m beampq refresh`' in (
       capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    'change, advice',
+    [
+        # A pull changed patches/ under a local commit: the carry-over
+        # commands, since a refresh would refuse.
+        ('pull', 'to carry its commits over a rebuild, run `git -C '),
+        # A fixup commit: autosquash first, since a refresh would refuse.
+        ('fixup', 'is not squashed into its commit yet: run `git -C '),
+    ])
+def test_check_advises_what_refresh_needs_first(
+    project, capsys, change, advice):
+  subject = 'fixup! [Python] Add a module' if change == 'fixup' else 'More'
+  commit_in_tree(project, subject, {'sdks/python/apache_beam/util.py': 'x\n'})
+  if change == 'pull':
+    patch = project.patches / '0001-Python-Change-line-5.patch'
+    patch.write_text(patch.read_text() + '\n')
+  with pytest.raises(Error):
+    check.check(project)
+  assert advice in capsys.readouterr().err
 
 
 def test_check_fails_on_a_bad_changes_entry(project):

@@ -93,8 +93,11 @@ def run(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
 
 def error_line(result: subprocess.CompletedProcess) -> str:
   """What a failed git said went wrong: its last "fatal:" or "error:" line,
-  else its last line."""
-  lines = (result.stderr or result.stdout).strip().splitlines()
+  else its last line that is not a hint."""
+  lines = [
+      line for line in (result.stderr or result.stdout).strip().splitlines()
+      if not line.startswith('hint:')
+  ]
   errors = [l for l in lines if l.startswith(('fatal:', 'error:'))]
   return (errors or lines or [f'exit code {result.returncode}'])[-1]
 

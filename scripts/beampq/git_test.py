@@ -236,6 +236,18 @@ def test_failures_raise_with_gits_message(tmp_path):
     git.run('rev-parse', 'HEAD', cwd=make_repo(tmp_path / 'repo'))
 
 
+def test_error_line_skips_hints():
+  failed = subprocess.CompletedProcess(
+      ['git', 'add'],
+      1,
+      '',
+      'The following paths are ignored by one of your .gitignore files:\n'
+      'sdks/build\n'
+      'hint: Use -f if you really want to add them.\n'
+      'hint: Turn this message off by running\n')
+  assert git.error_line(failed) == 'sdks/build'
+
+
 def test_commits_touching_names_each_commit_of_a_path(tmp_path):
   repo = make_repo(tmp_path / 'repo')
   base = commit(repo, 'a', '1\n', 'base')

@@ -216,6 +216,7 @@ def write_patches(
     patches.append(series_model.Patch(patch.name, added))
     made.append((subject, text))
   names = finder.assign(made)
+  _check_modes(repo, owner)
   for path in owner:
     target = out / path
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -223,6 +224,21 @@ def write_patches(
   series = series_model.group(patches, names)
   (out / 'patches' / 'series').write_text(series_model.to_text(series))
   return series
+
+
+def _check_modes(repo: Path, owner: dict[str, str]) -> None:
+  """Refuses new files that sdks/ cannot keep as HEAD has them: sdks/ holds
+  contents only, and tree adds them as regular files, not executable."""
+  if not owner:
+    return
+  listing = git.output('ls-tree', '-r', '-z', 'HEAD', '--', *owner, cwd=repo)
+  for entry in filter(None, listing.split('\0')):
+    mode, path = entry.split(' ', 1)[0], entry.split('\t', 1)[1]
+    if mode != '100644':
+      raise Error(
+          f'"{owner[path]}" adds {path} with mode {mode}: new files are kept '
+          'as regular files that are not executable (mode 100644); make it '
+          f'one (for an executable, `git update-index --chmod=-x {path}`)')
 
 
 def _unsquashed(
@@ -268,10 +284,39 @@ def off_the_queue(project: Project) -> Optional[str]:
     return (
         f'{where}, with commits {BRANCH} lacks: move them onto {BRANCH} '
         f'(`git checkout {BRANCH} && git merge --ff-only {name}` in it)')
+  # A rebase moves a detached HEAD's commits to new hashes: after it, HEAD
+  # is what main moves to.
+  then = (
+      f'git checkout {BRANCH} && git merge --ff-only {name}'
+      if branch else f'git checkout -B {BRANCH}')
   return (
       f'{where}, which has left {BRANCH}: move its commits onto {BRANCH} '
-      f'(`git rebase {BRANCH}`, then `git checkout {BRANCH} && git merge '
-      f'--ff-only {name}` in it)')
+      f'(`git rebase {BRANCH}`, then `{then}` in it)')
+
+
+def how_to_keep(project: Project, now: state.TreeState) -> str:
+  """What to run to keep build/beam's local work in patches/ (a refresh,
+  and what must come before it), as tree, check and refresh advise it."""
+  tree = project.tree
+  refresh_it = 'run `python3 -m beampq refresh`'
+  in_progress = git.operation_in_progress(tree)
+  if in_progress:
+    return f'finish or abort the {in_progress} in progress, then {refresh_it}'
+  if now.inputs_changed:
+    # patches/ changed too (a pull): a refresh would undo that change.
+    return state.carry_over_hint(project, now)
+  off = off_the_queue(project)
+  if off:
+    return f'{off}, then {refresh_it}'
+  if now.uncommitted:
+    return f'commit them, then {refresh_it}'
+  earlier: list[tuple[str, str]] = []
+  for commit in git.commits_since(tree, now.base_commit):
+    subject = git.output('log', '-1', '--format=%s', commit, cwd=tree)
+    if subject.startswith(_TO_SQUASH):
+      return f'{_unsquashed(subject, earlier, tree)}, then {refresh_it}'
+    earlier.append((commit, subject))
+  return refresh_it
 
 
 def _commits(count: int) -> str:
@@ -332,7 +377,7 @@ def refresh(project: Project, force: bool = False):
   if now.stamp is None:
     raise Error(
         f'{project.rel(tree)} is not a tree built by beampq; '
-        'run `beampq tree` first')
+        'run `python3 -m beampq tree` first')
   in_progress = git.operation_in_progress(tree)
   if in_progress:
     raise Error(
@@ -357,8 +402,8 @@ def refresh(project: Project, force: bool = False):
         f'{project.rel(tree)}), or refresh with --force to delete them')
   if not force and now.inputs_changed:
     keep = (
-        state.carry_over_hint(project, now)
-        if now.local_work else 'rebuild the tree from them (`beampq tree`)')
+        state.carry_over_hint(project, now) if now.local_work else
+        'rebuild the tree from them (`python3 -m beampq tree`)')
     raise Error(
         'patches/ or sdks/ changed since '
         f'{project.rel(tree)} was built or refreshed (edited, or pulled): '
@@ -386,7 +431,8 @@ def refresh(project: Project, force: bool = False):
   for pr in series.pull_requests:
     print(f'beampq: [{pr.name}]')
     for patch in pr.patches:
-      extra = f' (+ {len(patch.new_files)} new files)' if patch.new_files else ''
+      count = len(patch.new_files)
+      extra = f' (+ {count} new file{"s" * (count > 1)})' if count else ''
       print(f'beampq:   wrote patches/{patch.name}{extra}')
   print(
       f'beampq: refreshed {len(series.patches)} patches in '

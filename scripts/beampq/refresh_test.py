@@ -226,6 +226,10 @@ def test_refresh_refuses_a_bisect_in_progress(project):
          True,
          'other checked out, which has left '
          'main: move its commits onto main .*git rebase main'),
+        (('HEAD~1', ),
+         True,
+         'a detached HEAD checked out, which has left main: move its '
+         'commits onto main .*git rebase main`, then `git checkout -B main`'),
     ])
 def test_refresh_refuses_a_head_other_than_the_queue(
     project, capsys, checkout, commit, shown):
@@ -245,10 +249,27 @@ def test_refresh_refuses_a_head_other_than_the_queue(
   with pytest.raises(Error, match='check found 1 problem'):
     check.check(project)
   assert re.search(
-      f'has {shown}.*, then run `beampq refresh`', capsys.readouterr().err)
-  with pytest.raises(Error,
-                     match=f'has {shown}.*, then run `beampq refresh` to keep'):
+      f'has {shown}.*, then run `python3 -m beampq refresh`',
+      capsys.readouterr().err)
+  with pytest.raises(
+      Error,
+      match=f'has {shown}.*, then run `python3 -m beampq refresh` to keep'):
     tree.update(project)
+
+
+@pytest.mark.parametrize('branch', [('-b', 'other'), ()])
+def test_the_advice_for_a_head_that_left_the_queue_works(project, branch):
+  tree_git(project, 'checkout', '-q', *branch, 'HEAD~1')
+  commit_in_tree(project, 'Mine', {'sdks/python/apache_beam/x.py': 'X = 1\n'})
+  with pytest.raises(Error) as raised:
+    refresh.refresh(project)
+  for command in re.findall(r'`(git [^`]*)`', str(raised.value)):
+    for step in command.split(' && '):
+      tree_git(project, *step.split()[1:])
+  refresh.refresh(project)
+  assert project.read_series().patches[-1].new_files == [
+      'sdks/python/apache_beam/x.py'
+  ]
 
 
 @pytest.mark.parametrize(
@@ -394,6 +415,24 @@ def test_refresh_refuses_to_delete_files_the_series_does_not_name(project):
   refresh.refresh(project, force=True)
   assert not draft.exists() and not notes.exists()
   check.check(project)
+
+
+@pytest.mark.parametrize('mode', ['100755', '120000'])
+def test_refresh_refuses_a_new_file_it_cannot_keep_as_it_is(project, mode):
+  # sdks/ keeps contents, and tree adds regular files: an executable or a
+  # link would come back as a plain file, with check none the wiser.
+  path = 'sdks/python/apache_beam/tool.sh'
+  target = project.tree / path
+  if mode == '120000':
+    target.symlink_to('new_mod.py')
+  else:
+    target.write_text('echo hi\n')
+    target.chmod(0o755)
+  tree_git(project, 'add', path)
+  tree_git(project, 'commit', '-q', '-m', '[Python] Add a tool')
+  with pytest.raises(Error, match=f'adds {path} with mode {mode}'):
+    refresh.refresh(project)
+  assert not (project.root / path).exists()
 
 
 def test_refresh_refuses_to_overwrite_edited_patches(project):

@@ -155,8 +155,8 @@ def fetch(project: Project, source: Optional[Path] = None) -> Path:
     print(
         f'beampq: moved cached {project.rel(target)} to '
         f'{project.rel(aside)}: sha256 {actual} is not the pinned '
-        f'{base.sha256} (if the pin is wrong, fix it and run `beampq fetch '
-        f'--from {project.rel(aside)}`)',
+        f'{base.sha256} (if the pin is wrong, fix it and run `python3 -m '
+        f'beampq fetch --from {project.rel(aside)}`)',
         file=sys.stderr)
   project.cache.mkdir(parents=True, exist_ok=True)
   if source is not None and not source.is_file():

@@ -54,7 +54,14 @@ TREE_EXCLUDES = [
     '*.c',
     '*.egg-info/',
     'build/',
-    'pytest_*.xml'
+    'pytest_*.xml',
+    # What running the tests, coverage or a virtualenv in the tree leaves.
+    '.coverage',
+    '.coverage.*',
+    '.hypothesis/',
+    '.ruff_cache/',
+    '.tox/',
+    '.venv/',
 ]
 
 
@@ -125,7 +132,8 @@ def build(project: Project, dest: Path, quiet: bool = False) -> str:
             'the tree already has it')
       target.parent.mkdir(parents=True, exist_ok=True)
       target.write_bytes(new_content[new_file])
-      git.run('add', new_file, cwd=dest)
+      # Forced: a new file may match TREE_EXCLUDES (a package named build).
+      git.run('add', '--force', new_file, cwd=dest)
     if patch.new_files:
       authored = git.output('log', '-1', '--format=%aI', cwd=dest)
       git.run(
@@ -136,7 +144,8 @@ def build(project: Project, dest: Path, quiet: bool = False) -> str:
           cwd=dest,
           env=committer.env('COMMITTER', authored))
     head = git.output('rev-parse', 'HEAD', cwd=dest)
-    extra = f' + {len(patch.new_files)} new files' if patch.new_files else ''
+    count = len(patch.new_files)
+    extra = f' + {count} new file{"s" * (count > 1)}' if count else ''
     say(f'beampq: applied {patch.name}{extra} -> {head[:12]}')
   head = git.output('rev-parse', 'HEAD', cwd=dest)
   state.write_stamp(
@@ -173,36 +182,26 @@ def update(
     work = (
         f'{project.rel(tree)} has work that is not in patches/ '
         f'({"; ".join(now.local_work)})')
-    in_progress = git.operation_in_progress(tree)
-    if in_progress:
-      keep = (
-          f'finish or abort the {in_progress} in progress, then run `beampq '
-          'refresh` to keep it')
-    elif now.inputs_changed:
-      # patches/ changed too (a pull): a refresh would undo that change.
+    if now.inputs_changed:
       work += ', and patches/ or sdks/ changed since it was built'
-      keep = state.carry_over_hint(project, now)
-    else:
-      # Imported here: refresh builds on this module.
-      from beampq import refresh
-      off = refresh.off_the_queue(project)
-      keep = (
-          f'{off}, then run `beampq refresh` to keep it' if off else
-          'run `beampq refresh` (after committing any uncommitted changes) '
-          'to keep it')
-    raise Error(f'{work}: {keep}; or run `beampq tree --force` to discard it')
+    # Imported here: refresh builds on this module.
+    from beampq import refresh
+    keep = f'{refresh.how_to_keep(project, now)} to keep it'
+    raise Error(
+        f'{work}: {keep}; or run `python3 -m beampq tree --force` to '
+        'discard it')
   if now.stamp is None and tree.exists() and not force:
     raise Error(
         f'{project.rel(tree)} was not built by beampq (it has no '
         f'.git/{state.STAMP}), so its work cannot be told apart: move it '
-        'away, or run `beampq tree --force` to replace it')
+        'away, or run `python3 -m beampq tree --force` to replace it')
   side = git.side_work(
       tree, own_tags=(BASE_TAG, )) if (tree / '.git').is_dir() else []
   if side and not force:
     raise Error(
         f'{project.rel(tree)} has {" and ".join(side)}, which a rebuild '
-        'would discard: apply or move them elsewhere, or run `beampq tree '
-        '--force` to discard them')
+        'would discard: apply or move them elsewhere, or run `python3 -m '
+        'beampq tree --force` to discard them')
   project.build.mkdir(parents=True, exist_ok=True)
   scratch = Path(tempfile.mkdtemp(prefix='.beam-', dir=project.build))
   try:
@@ -225,8 +224,8 @@ def _carry_over(paths: list[str], old: Path, new: Path, force: bool):
   if taken and not force:
     raise Error(
         f'the rebuilt tree has files of its own where {old} has untracked '
-        f'ones ({", ".join(taken)}): move them elsewhere, or run `beampq '
-        'tree --force` to discard them')
+        f'ones ({", ".join(taken)}): move them elsewhere, or run `python3 '
+        '-m beampq tree --force` to discard them')
   for path in paths:
     source, target = old / path, new / path
     if path in taken or not os.path.lexists(source):

@@ -254,6 +254,31 @@ def test_tree_carries_untracked_files_outside_sdks_over(project):
   assert state.tree_state(project).current
 
 
+def test_test_leftovers_in_sdks_are_no_local_work(project):
+  # Running the tests or a virtualenv in the tree leaves these behind.
+  python = project.tree / 'sdks/python'
+  for leftover in ('.coverage', '.hypothesis/x', '.venv/bin/python'):
+    (python / leftover).parent.mkdir(parents=True, exist_ok=True)
+    (python / leftover).write_text('')
+  assert state.tree_state(project).current
+  refresh.refresh(project)
+
+
+def test_a_new_file_that_tree_excludes_would_hide_is_rebuilt(project):
+  # A package named build matches TREE_EXCLUDES' build/: added with -f in
+  # build/beam, it must be added again when the tree is rebuilt.
+  path = 'sdks/python/apache_beam/build/helper.py'
+  (project.tree / path).parent.mkdir()
+  (project.tree / path).write_text('HELPER = 1\n')
+  tree_git(project, 'add', '-f', path)
+  tree_git(project, 'commit', '-q', '-m', '[Python] Add a build helper')
+  refresh.refresh(project)
+  shutil.rmtree(project.tree)
+  tree.update(project)
+  assert (project.tree / path).read_text() == 'HELPER = 1\n'
+  assert tree_git(project, 'ls-files', path) == path
+
+
 def test_an_untracked_file_the_rebuilt_tree_has_is_not_overwritten(tmp_path):
   old, new = tmp_path / 'old', tmp_path / 'new'
   for folder, text in ((old, 'mine\n'), (new, 'tracked\n')):

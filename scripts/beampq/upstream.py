@@ -136,7 +136,11 @@ def apply(project: Project, checkout: Path):
       changes_file = checkout / 'CHANGES.md'
       note = 'no CHANGES.md there, so no entries added'
       if changes_file.is_file():
-        text, added = changes.insert(changes_file.read_text(), entries)
+        try:
+          text, added = changes.insert(changes_file.read_text(), entries)
+        except Error as e:
+          raise Error(
+              f'{changes_file}: {e}; the checkout is left as it was') from e
         if added:
           changes_file.write_text(text)
           git.run('add', 'CHANGES.md', cwd=checkout, isolated=False)

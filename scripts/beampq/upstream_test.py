@@ -18,6 +18,7 @@
 """Tests of beampq.upstream: applying the queue to a Beam checkout and
 exporting it as one folder per pull request."""
 
+import re
 import subprocess
 
 import pytest
@@ -114,6 +115,19 @@ def test_apply_leaves_the_checkout_as_it_was_on_failure(project, tmp_path):
   assert git.output('rev-parse', 'HEAD', cwd=checkout) == head
   assert git.output('status', '--porcelain', cwd=checkout) == ''
   assert git.operation_in_progress(checkout) is None
+
+
+def test_apply_names_the_checkouts_changes_file_it_cannot_use(
+    project, tmp_path):
+  checkout = make_checkout(
+      project, tmp_path / 'beam', changes='# Apache Beam\n\nNo releases.\n')
+  head = git.output('rev-parse', 'HEAD', cwd=checkout)
+  with pytest.raises(
+      Error,
+      match=re.escape(f'{checkout / "CHANGES.md"}: CHANGES.md has no') +
+      '.*; the checkout is left as it was'):
+    upstream.apply(project, checkout)
+  assert git.output('rev-parse', 'HEAD', cwd=checkout) == head
 
 
 def test_apply_commits_as_the_clone_where_the_checkout_knows_nobody(
