@@ -68,6 +68,7 @@ is taken out.
 
 import argparse
 import collections
+import dataclasses
 import json
 import math
 import statistics
@@ -142,7 +143,10 @@ def fleet(
     measured_whole_batches=None,
     cold_scope='process',
     cold_split_fills=None,
-    policy=None) -> dict:
+    policy=None,
+    batch_placement='cut',
+    rate=None,
+    engine=None) -> dict:
   """Phase A for one workload at another fleet size, with the tree's
   AdaptiveNumShards: its default, or the one `policy` gives.
 
@@ -173,6 +177,9 @@ def fleet(
       run's "default" strategy, and so for `lpt`, which places the
       default's batches; none: its defaults. This weighs a setting on other
       seeds and fleet sizes than `run` does, without changing the tree.
+    batch_placement: 'cut' (the run's) or 'hash' (v4.run_all).
+    rate: requests per second per worker; none: v4.RATE_PER_WORKER's.
+    engine: fields of costs.EngineModel to change, as {name: value}.
 
   Returns:
     {point: figures}: the default's, `lpt`'s and the bound's median ratios,
@@ -197,6 +204,7 @@ def fleet(
   chosen = [_workload(workload_name).scaled(workers=workers, requests=requests)]
   eval_seeds, v4.EVAL_SEEDS = v4.EVAL_SEEDS, list(seeds)
   model_constants = (
+      v4.RATE_PER_WORKER,
       batch_model.MEASURING_SHARDS,
       batch_model.MEASURED_WHOLE_BATCHES,
       policies.COLD_SPLIT_FILLS)
@@ -206,19 +214,23 @@ def fleet(
     batch_model.MEASURED_WHOLE_BATCHES = measured_whole_batches
   if cold_split_fills is not None:
     policies.COLD_SPLIT_FILLS = cold_split_fills
+  if rate is not None:
+    v4.RATE_PER_WORKER = rate
   try:
     done = v4.run_all(
         AdaptiveNumShards(**(policy or {})),
-        costs.GPU,
+        dataclasses.replace(costs.GPU, **(engine or {})),
         False, lambda message: None,
         chosen=chosen,
         groups=tuple(groups),
         measuring_spread=measuring_spread,
         input_order=input_order,
-        cold_scope=cold_scope)
+        cold_scope=cold_scope,
+        batch_placement=batch_placement)
   finally:
     v4.EVAL_SEEDS = eval_seeds
     (
+        v4.RATE_PER_WORKER,
         batch_model.MEASURING_SHARDS,
         batch_model.MEASURED_WHOLE_BATCHES,
         policies.COLD_SPLIT_FILLS) = model_constants
@@ -458,6 +470,15 @@ def main(argv=None) -> int:
       help="keyword arguments of the tree's AdaptiveNumShards, as JSON, "
       "for the default strategy and lpt's placing of its batches (default: "
       "{}, its defaults)")
+  fleet_parser.add_argument(
+      '--batch-placement',
+      default='cut',
+      choices=['cut', 'hash'],
+      help="batch's state keys in ranges cut by work (the run's) or hashed")
+  fleet_parser.add_argument(
+      '--rate', type=float, help='requests/s per worker (default: the run\'s)')
+  fleet_parser.add_argument(
+      '--engine', type=json.loads, help='costs.EngineModel fields, as JSON')
   from_results = sub.add_parser(
       'from-results',
       help="one workload's points of a full run, as a fleet run gives them")
@@ -534,7 +555,10 @@ def main(argv=None) -> int:
                 args.measured_whole_batches,
                 args.cold_scope,
                 args.cold_split_fills,
-                args.policy)
+                args.policy,
+                args.batch_placement,
+                args.rate,
+                args.engine)
         })
   elif args.command == 'from-results':
     results = json.loads(args.results.read_text())

@@ -162,6 +162,46 @@ def test_sorted_input_changes_only_the_batch_reading_order():
     research_v4.fleet('W1', input_order='random', **kwargs)
 
 
+def test_a_static_hash_in_batch_moves_only_the_keyed_placement():
+  pytest.importorskip('apache_beam.transforms.util')
+  kwargs = dict(
+      workers=4, requests=600, seeds=[7], groups=('batch', ))
+  cut = research_v4.fleet('W1', **kwargs)
+  hashed = research_v4.fleet('W1', batch_placement='hash', **kwargs)
+  assert set(cut) == set(hashed)
+  # The baseline (so the bound's ratio) and lpt's own placement stay.
+  for point in cut:
+    assert hashed[point]['bound'] == cut[point]['bound']
+    assert hashed[point]['lpt'] == cut[point]['lpt']
+  assert any(hashed[p]['default'] != cut[p]['default'] for p in cut)
+  with pytest.raises(ValueError, match="batch_placement.*'ring'"):
+    research_v4.fleet('W1', batch_placement='ring', **kwargs)
+
+
+def test_the_rate_can_be_changed_for_a_run():
+  # Batch reads its input at once: the rate moves streaming only.
+  pytest.importorskip('apache_beam.transforms.util')
+  kwargs = dict(
+      workers=4, requests=600, seeds=[7], groups=('streaming', ))
+  own = research_v4.fleet('W1', **kwargs)
+  faster = research_v4.fleet('W1', rate=4 * v4.RATE_PER_WORKER, **kwargs)
+  assert any(faster[p]['default'] != own[p]['default'] for p in own)
+  # The run's own rate is back once the run ends.
+  assert research_v4.fleet('W1', **kwargs) == own
+
+
+def test_the_engine_model_can_be_changed_for_a_run():
+  pytest.importorskip('apache_beam.transforms.util')
+  kwargs = dict(
+      workers=4, requests=600, seeds=[7], groups=('batch', ))
+  own = research_v4.fleet('W4', **kwargs)
+  dearer = research_v4.fleet('W4', engine={'request_tokens': 200}, **kwargs)
+  # A dearer request weighs the prefill the cache saves less.
+  assert dearer['batch.W4.R4.D0']['bound'] < own['batch.W4.R4.D0']['bound']
+  with pytest.raises(TypeError, match='request_cost'):
+    research_v4.fleet('W4', engine={'request_cost': 1}, **kwargs)
+
+
 def test_fleet_table_balanced_gives_the_even_spread_and_its_share():
   streaming = dict(
       _figures(1.5, True), balanced={

@@ -69,6 +69,7 @@ REQUIRED = (('0_25', 64), ('4', 0), ('4', 64), ('64', 64), ('4', 256))
 FULL_GRID = (('streaming_F3', 'W1'), ('batch', 'W1'))
 DEPLOYMENTS = ('streaming_F2', 'streaming_F3', 'batch')
 RATE_PER_WORKER = 16
+CACHE_BLOCKS = workloads.CACHE_TOKENS // workloads.BLOCK_TOKENS
 BUFFERING_S = 1.0
 PROCESSES_PER_WORKER = 8
 THREADS_PER_PROCESS = 12
@@ -202,8 +203,7 @@ def _lpt_weights(run, requests_by_key, decode, model):
 def streaming_task(workload, r_key, seed, quick):
   spec, model = _STATE['spec'], _STATE['model']
   requests = workload.requests_at(RATE_PER_WORKER, seed)
-  w, bs = workload.workers, workload.batch_size
-  cache = workloads.CACHE_TOKENS // workloads.BLOCK_TOKENS
+  w, bs, cache = workload.workers, workload.batch_size, CACHE_BLOCKS
   charges = _charges(spec)
   holds = workload.name != 'W0' and RATIOS[r_key] < 1
   buffering = round(BUFFERING_S * MICROS)
@@ -426,8 +426,7 @@ def batch_task(workload, r_key, seed, quick):
   requests = in_input_order(
       workload.requests_at(RATE_PER_WORKER, seed),
       _STATE.get('input_order', 'arrival'))
-  w, bs = workload.workers, workload.batch_size
-  cache = workloads.CACHE_TOKENS // workloads.BLOCK_TOKENS
+  w, bs, cache = workload.workers, workload.batch_size, CACHE_BLOCKS
   charges = _charges(spec)
   big = 2**62
   salts = salts_of(seed)
@@ -471,9 +470,11 @@ def batch_task(workload, r_key, seed, quick):
         k: batch_model.key_work(v, model, BATCH_CUT_DECODE, charges[name])
         for k, v in grouped[name].items()
     }
+    hashed = _STATE.get('batch_placement') == 'hash'  # (Flink, Spark)
     for salt in salts:
       batches, placement = batch_model.keyed_batches(
-          grouped[name], w, salt, weights)
+          grouped[name], w, salt, weights,
+          frames.hash_placement(grouped[name], w, salt) if hashed else None)
       keyed_runs[(name, salt)] = run(batches, placement, charges[name], salt)
     if name == 'default':
       lpt = frames.lpt_placement(weights, w)
@@ -526,7 +527,8 @@ def _task(task):
   out['task'] = (group, workload.name, r_key, seed)
   out['seconds'] = time.monotonic() - started
   out['shape'] = {
-      'prefix_count_workload': point.describe(),
+      'prefix_count_workload': dict(
+          point.describe(), cache_blocks=CACHE_BLOCKS),
       'shareable_tokens': point.shareable_tokens,
   }
   return out
@@ -557,7 +559,8 @@ def run_all(
     groups=('streaming', 'batch'),
     measuring_spread=1,
     input_order='arrival',
-    cold_scope='process'):
+    cold_scope='process',
+    batch_placement='cut'):
   """Runs every task (of the given groups); returns them as they came.
   measuring_spread: 1, the default's measuring step as the tree has it;
   more, spread over that many measuring keys by request id
@@ -565,19 +568,23 @@ def run_all(
   input_order: the order batch pipelines read their input in (see
   in_input_order); streaming is read as it arrives.
   cold_scope: where streaming pools the default's cold keys (one of
-  policies.COLD_SCOPES; batch pools them by process)."""
+  policies.COLD_SCOPES; batch pools them by process).
+  batch_placement: batch's state keys in ranges cut by work, or 'hash'."""
   if measuring_spread < 0:
     raise ValueError(
         f'measuring_spread must be at least 0, got {measuring_spread!r}')
   _check_input_order(input_order)
   policies.check_cold_scope(cold_scope)
+  if batch_placement not in ('cut', 'hash'):
+    raise ValueError(f'batch_placement: not cut or hash: {batch_placement!r}')
   _STATE.update(
       spec=spec,
       model=model,
       p_sweep=('W1', '4'),
       measuring_spread=measuring_spread,
       input_order=input_order,
-      cold_scope=cold_scope)
+      cold_scope=cold_scope,
+      batch_placement=batch_placement)
   chosen = tasks(quick, chosen, groups)
   started = time.monotonic()
   done = []

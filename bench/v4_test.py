@@ -247,6 +247,15 @@ def test_the_regimes_set_the_shareable_tokens():
     workloads.at_ratio(v4.WORKLOADS[1], 0)
 
 
+def test_each_task_describes_the_cache_it_ran_with():
+  # Benchmark v3's cache followed the workload's cache_prefixes; v4's
+  # is CACHE_TOKENS for every workload.
+  for task in done():
+    described = task['shape']['prefix_count_workload']
+    assert described['cache_blocks'] * described['block_tokens'] == (
+        workloads.CACHE_TOKENS)
+
+
 def test_off_goal_points_use_fewer_seeds():
   assert len(v4.seeds_for('W1', '4', quick=False)) == 4
   assert len(v4.seeds_for('W1', '16', quick=False)) == 2
