@@ -26,6 +26,7 @@ from collections import Counter
 import pytest
 
 from bench import batch as batch_model
+from bench import policies
 from bench.workloads import Request
 
 # Keys with these many elements, interleaved in input order.
@@ -105,6 +106,8 @@ def _normalized(parts):
 def test_the_model_measures_a_busy_key_in_the_trees_parts(util):
   assert util._MEASURING_SHARDS == batch_model.MEASURING_SHARDS
   assert util._MEASURED_WHOLE_BATCHES == batch_model.MEASURED_WHOLE_BATCHES
+  # And splits the cold keys where the tree does.
+  assert util._COLD_SPLIT_FILLS == policies.COLD_SPLIT_FILLS
   requests = [
       Request(i, 0, 'hot' if i % 4 else f'k{i % 12}', 0, ())
       for i in range(3000)

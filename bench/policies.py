@@ -116,8 +116,9 @@ class CopiedShards:
 
 # 0013's _COLD_MIN_SPAN_PERIODS.
 COLD_MIN_SPAN_PERIODS = 4
-# 0013's _ColdKeys doubles a process's cold slots once each would fill this
-# many batches (of max_batch_size, the batch size here) per buffering period.
+# 0013's _COLD_SPLIT_FILLS: its _ColdKeys doubles a process's cold slots
+# once each would fill this many batches (of max_batch_size, the batch size
+# here) per buffering period.
 COLD_SPLIT_FILLS = 4
 
 # Where the model pools the default's cold keys in streaming: in the SDK
