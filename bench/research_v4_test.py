@@ -25,6 +25,9 @@ from bench import research_v4
 from bench import v4
 from bench.deploy_test import shared_request
 
+# A fleet run of a few seconds: W1 or W4 on 4 workers, one seed.
+SMALL = dict(workers=4, requests=600, seeds=[7])
+
 
 def _figures(default, steady):
   return {
@@ -117,7 +120,7 @@ def test_fleet_runs_every_required_point_at_the_fleet_size_asked():
 def test_a_free_measuring_step_is_never_slower_in_batch():
   pytest.importorskip('apache_beam.transforms.util')
   kwargs = dict(
-      workers=4, requests=600, seeds=[7], groups=('batch', ))
+      SMALL, groups=('batch', ))
   own = research_v4.fleet('W1', **kwargs)
   free = research_v4.fleet('W1', measuring_spread=0, **kwargs)
   assert set(own) == set(free) and all(p.startswith('batch.') for p in own)
@@ -131,7 +134,7 @@ def test_a_free_measuring_step_is_never_slower_in_batch():
 def test_the_measuring_shards_of_the_model_can_be_changed():
   pytest.importorskip('apache_beam.transforms.util')
   kwargs = dict(
-      workers=4, requests=600, seeds=[7], groups=('batch', ))
+      SMALL, groups=('batch', ))
   own = research_v4.fleet('W1', **kwargs)
   other = research_v4.fleet(
       'W1', measuring_shards=4, measured_whole_batches=0, **kwargs)
@@ -148,7 +151,7 @@ def test_the_measuring_shards_of_the_model_can_be_changed():
 def test_sorted_input_changes_only_the_batch_reading_order():
   pytest.importorskip('apache_beam.transforms.util')
   kwargs = dict(
-      workers=4, requests=600, seeds=[7], groups=('batch', ))
+      SMALL, groups=('batch', ))
   arrival = research_v4.fleet('W1', **kwargs)
   grouped = research_v4.fleet('W1', input_order='sorted', **kwargs)
   assert set(arrival) == set(grouped)
@@ -165,7 +168,7 @@ def test_sorted_input_changes_only_the_batch_reading_order():
 def test_a_static_hash_in_batch_moves_only_the_keyed_placement():
   pytest.importorskip('apache_beam.transforms.util')
   kwargs = dict(
-      workers=4, requests=600, seeds=[7], groups=('batch', ))
+      SMALL, groups=('batch', ))
   cut = research_v4.fleet('W1', **kwargs)
   hashed = research_v4.fleet('W1', batch_placement='hash', **kwargs)
   assert set(cut) == set(hashed)
@@ -182,7 +185,7 @@ def test_the_rate_can_be_changed_for_a_run():
   # Batch reads its input at once: the rate moves streaming only.
   pytest.importorskip('apache_beam.transforms.util')
   kwargs = dict(
-      workers=4, requests=600, seeds=[7], groups=('streaming', ))
+      SMALL, groups=('streaming', ))
   own = research_v4.fleet('W1', **kwargs)
   faster = research_v4.fleet('W1', rate=4 * v4.RATE_PER_WORKER, **kwargs)
   assert any(faster[p]['default'] != own[p]['default'] for p in own)
@@ -193,7 +196,7 @@ def test_the_rate_can_be_changed_for_a_run():
 def test_the_engine_model_can_be_changed_for_a_run():
   pytest.importorskip('apache_beam.transforms.util')
   kwargs = dict(
-      workers=4, requests=600, seeds=[7], groups=('batch', ))
+      SMALL, groups=('batch', ))
   own = research_v4.fleet('W4', **kwargs)
   dearer = research_v4.fleet('W4', engine={'request_tokens': 200}, **kwargs)
   # A dearer request weighs the prefill the cache saves less.
@@ -243,7 +246,7 @@ def test_fleet_table_serial_gives_the_one_at_a_time_ratios_and_share():
 def test_fleet_weighs_a_policy_other_than_the_default():
   pytest.importorskip('apache_beam.transforms.util')
   kwargs = dict(
-      workers=4, requests=600, seeds=[7], groups=('streaming', ))
+      SMALL, groups=('streaming', ))
   own = research_v4.fleet('W1', **kwargs)
   assert research_v4.fleet('W1', policy={}, **kwargs) == own
   other = research_v4.fleet('W1', policy={'own_batches_from': 8}, **kwargs)
@@ -273,7 +276,7 @@ def test_balanced_ratios_are_bounded_by_the_bound():
 
 def test_cold_keys_pooled_for_the_fleet_change_only_streaming():
   pytest.importorskip('apache_beam.transforms.util')
-  kwargs = dict(workers=4, requests=600, seeds=[7])
+  kwargs = dict(SMALL)
   own = research_v4.fleet('W0', **kwargs)
   pooled = research_v4.fleet('W0', cold_scope='fleet', **kwargs)
   assert set(own) == set(pooled)
@@ -290,7 +293,7 @@ def test_cold_keys_pooled_for_the_fleet_change_only_streaming():
 def test_the_cold_split_of_the_model_can_be_changed():
   pytest.importorskip('apache_beam.transforms.util')
   kwargs = dict(
-      workers=4, requests=600, seeds=[7], groups=('streaming', ))
+      SMALL, groups=('streaming', ))
   own = research_v4.fleet('W0', cold_scope='fleet', **kwargs)
   finer = research_v4.fleet(
       'W0', cold_scope='fleet', cold_split_fills=2, **kwargs)
