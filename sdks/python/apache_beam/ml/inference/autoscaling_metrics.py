@@ -693,9 +693,11 @@ class CapacityEstimator:
     if self._durations:
       limit = max(_MIN_EXPIRY_SECS, _EXPIRY_FACTOR * self._durations[0][1])
     # Batches taken as lost under a lower limit, which a batch that finished
-    # since has raised, are in flight again. They are the youngest lost.
-    back = [(batch, record) for batch, record in self._lost.items()
-            if now - record[0] <= limit]
+    # since has raised, are in flight again: the youngest lost.
+    back = list(
+        itertools.takewhile(
+            lambda item: now - item[1][0] <= limit,
+            reversed(self._lost.items())))
     if back:
       for batch, record in back:
         del self._lost[batch]
