@@ -543,6 +543,9 @@ def main(argv=None) -> int:
             'cold_scope': args.cold_scope,
             'cold_split_fills': args.cold_split_fills,
             'policy': args.policy,
+            'batch_placement': args.batch_placement,
+            'rate': args.rate,
+            'engine': args.engine,
             'points': fleet(
                 args.workload,
                 args.workers,

@@ -205,6 +205,37 @@ def test_the_engine_model_can_be_changed_for_a_run():
     research_v4.fleet('W4', engine={'request_cost': 1}, **kwargs)
 
 
+def test_a_fleet_run_records_the_settings_it_ran_with(tmp_path):
+  pytest.importorskip('apache_beam.transforms.util')
+  research_v4.main([
+      'fleet',
+      'run',
+      'W1',
+      '--workers',
+      '4',
+      '--requests',
+      '600',
+      '--seeds',
+      '7',
+      '--groups',
+      'batch',
+      '--out',
+      str(tmp_path),
+      '--batch-placement',
+      'hash',
+      '--rate',
+      '8',
+      '--engine',
+      '{"request_tokens": 50}'
+  ])
+  doc = json.loads((tmp_path / 'run.json').read_text())
+  assert (doc['batch_placement'], doc['rate'],
+          doc['engine']) == ('hash', 8, {
+              'request_tokens': 50
+          })
+  assert all(point.startswith('batch.W1.') for point in doc['points'])
+
+
 def test_fleet_table_balanced_gives_the_even_spread_and_its_share():
   streaming = dict(
       _figures(1.5, True), balanced={
