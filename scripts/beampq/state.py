@@ -119,11 +119,15 @@ def carry_over_hint(project: Project, now: TreeState) -> str:
   head = git.output('rev-parse', 'HEAD', cwd=tree)
   if git.attempt('merge-base', '--is-ancestor', built, head,
                  cwd=tree).returncode != 0:
+    saved = project.build / f'rewritten-{built[:12]}-{head[:12]}'
+    base = now.base_commit[:12]
     return (
         'its commits rewrite patches (an amend or a rebase) that changed '
-        'under them, so they cannot be replayed: save `git -C '
-        f'{tree} diff {built[:12]} {head[:12]}`, run `python3 -m beampq '
-        'tree --force`, and merge the diff into the rebuilt commits by hand')
+        'under them, so they cannot be replayed: save them (`git -C '
+        f'{tree} format-patch -k -o {saved} {base}..{head[:12]}`; `git -C '
+        f'{tree} range-diff {base} {built[:12]} {head[:12]}` shows what each '
+        'changed, messages too), run `python3 -m beampq tree --force`, and '
+        'make those changes again on the rebuilt commits')
   carried = project.build / f'carried-{built[:12]}-{head[:12]}'
   return (
       f'to carry its commits over a rebuild, run `git -C {tree} '

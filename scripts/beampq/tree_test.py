@@ -215,8 +215,14 @@ def test_rewritten_commits_get_no_recipe_that_would_fail(project):
   (project.tree / 'sdks/python/apache_beam/new_mod.py').write_text('A = 2\n')
   tree_git(project, 'commit', '-qa', '--amend', '--no-edit')
   _pull(project)
-  with pytest.raises(Error, match='cannot be replayed: save `git -C '):
+  with pytest.raises(Error, match='cannot be replayed: save them') as raised:
     tree.update(project)
+  # The advice keeps the commits whole, messages included, and its
+  # commands run.
+  for command in re.findall(r'`(git -C [^`]*)`', str(raised.value)):
+    assert git.attempt(*command.split()[1:], cwd=project.root).returncode == 0
+  saved = list(project.build.glob('rewritten-*/*.patch'))
+  assert len(saved) == 2 and 'Add a module' in saved[-1].read_text()
 
 
 def test_tree_keeps_stashes_and_branches(project):
