@@ -50,7 +50,8 @@ HEADER = """\
 # pull-requests/<name>.md. One patch file per line; the indented "+ path"
 # lines under a patch name the new files (kept under sdks/) that the
 # patch's commit adds. Written by `beampq refresh`, which keeps each patch
-# in its pull request; move or add "[name]" lines by hand.
+# in its pull request (and no comment but this one); move or add "[name]"
+# lines by hand.
 """
 NAME = re.compile(r'[a-z0-9][a-z0-9.-]*')
 

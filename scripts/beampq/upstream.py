@@ -80,6 +80,22 @@ def _am(checkout: Path, patch: Path, committer: git.Identity) -> Optional[str]:
   return where[0] if where else ''
 
 
+def _check_not_applied(checkout: Path, patches: list[Path]):
+  """Refuses a checkout whose recent history already has one of the
+  patches' subjects: the series was applied there before, and git am -3
+  would apply it again as empty commits."""
+  recent = set(
+      git.output('log', '-500', '--format=%s', cwd=checkout,
+                 isolated=False).splitlines())
+  for patch in patches:
+    subject = git.patch_subject(patch.read_text())
+    if subject in recent:
+      raise Error(
+          f'{checkout} already has a commit "{subject}" ({patch.name}): the '
+          'series was applied there before; apply it to a checkout without '
+          'it')
+
+
 def _verify_checkout(project: Project, checkout: Path):
   if not checkout.is_dir():
     raise Error(f'{checkout} is not a directory')
@@ -125,6 +141,7 @@ def apply(project: Project, checkout: Path):
   with tree.snapshot(project) as repo, \
       tempfile.TemporaryDirectory() as scratch:
     patches = _format_range(repo, tree.BASE_TAG, 'HEAD', Path(scratch))
+    _check_not_applied(checkout, patches)
     try:
       for patch in patches:
         failed = _am(checkout, patch, committer)

@@ -117,6 +117,18 @@ def test_apply_leaves_the_checkout_as_it_was_on_failure(project, tmp_path):
   assert git.operation_in_progress(checkout) is None
 
 
+def test_applying_twice_says_the_checkout_has_the_patches(project, tmp_path):
+  checkout = make_checkout(project, tmp_path / 'beam')
+  upstream.apply(project, checkout)
+  head = git.output('rev-parse', 'HEAD', cwd=checkout)
+  with pytest.raises(
+      Error,
+      match='already has a commit "\\[Python\\] Change line 5" '
+      '\\(0001-Python-Change-line-5.patch\\): the series was applied'):
+    upstream.apply(project, checkout)
+  assert git.output('rev-parse', 'HEAD', cwd=checkout) == head
+
+
 def test_apply_names_the_checkouts_changes_file_it_cannot_use(
     project, tmp_path):
   checkout = make_checkout(
