@@ -169,12 +169,11 @@ def write_patches(
   owner: dict[str, str] = {}
   patches = []
   made = []
-  earlier: list[tuple[str, str]] = []
+  unsquashed = _unsquashed(repo, base_commit)
+  if unsquashed:
+    raise Error(unsquashed)
   for number, commit in enumerate(git.commits_since(repo, base_commit), 1):
     subject = git.output('log', '-1', '--format=%s', commit, cwd=repo)
-    if subject.startswith(_TO_SQUASH):
-      raise Error(_unsquashed(subject, earlier, repo))
-    earlier.append((commit, subject))
     fields = git.output(
         'diff-tree',
         '-r',
@@ -241,12 +240,21 @@ def _check_modes(repo: Path, owner: dict[str, str]) -> None:
           f'one (for an executable, `git update-index --chmod=-x {path}`)')
 
 
-def _unsquashed(
-    subject: str, earlier: list[tuple[str, str]], repo: Path) -> str:
-  """What to do about a fixup!, squash! or amend! commit, given the
-  (commit, subject) pairs before it: autosquash it, or, when it names none
-  of them (as `git rebase --autosquash` matches: a subject's start or a
-  commit's hash), say so, since autosquash would leave it as it is."""
+def _unsquashed(repo: Path, base_commit: str) -> Optional[str]:
+  """What to do about the first fixup!, squash! or amend! commit since
+  base_commit, or None when there is none: autosquash it, or, when it names
+  none of the commits before it (as `git rebase --autosquash` matches: a
+  subject's start or a commit's hash), say so, since autosquash would leave
+  it as it is."""
+  log = git.output(
+      'log', '--reverse', '--format=%H %s', f'{base_commit}..HEAD', cwd=repo)
+  # partition: the last line of a commit with no subject loses its space.
+  earlier = [line.partition(' ')[::2] for line in log.splitlines()]
+  first = next(
+      (i for i, (_, s) in enumerate(earlier) if s.startswith(_TO_SQUASH)), None)
+  if first is None:
+    return None
+  subject, earlier = earlier[first][1], earlier[:first]
   target = subject
   while target.startswith(_TO_SQUASH):
     target = target.split(' ', 1)[1]
@@ -310,13 +318,8 @@ def how_to_keep(project: Project, now: state.TreeState) -> str:
     return f'{off}, then {refresh_it}'
   if now.uncommitted:
     return f'commit them, then {refresh_it}'
-  earlier: list[tuple[str, str]] = []
-  for commit in git.commits_since(tree, now.base_commit):
-    subject = git.output('log', '-1', '--format=%s', commit, cwd=tree)
-    if subject.startswith(_TO_SQUASH):
-      return f'{_unsquashed(subject, earlier, tree)}, then {refresh_it}'
-    earlier.append((commit, subject))
-  return refresh_it
+  unsquashed = _unsquashed(tree, now.base_commit)
+  return f'{unsquashed}, then {refresh_it}' if unsquashed else refresh_it
 
 
 def _commits(count: int) -> str:
