@@ -1190,6 +1190,12 @@ class EstimatorTest(unittest.TestCase):
     while estimator.batches_in_flight > batches:
       estimator.batch_finished(self.now, self.batches.pop())
 
+  def run_batch(self, estimator, polls):
+    """Sends a batch of 8 requests that finishes polls scrapes later."""
+    batch = estimator.batch_started(self.now, 8)
+    self.poll(estimator, polls)
+    estimator.batch_finished(self.now, batch)
+
   def saturate(self, estimator, waiting=64, batches=24, running=128):
     """Keeps requests of two batches or more waiting for a minute: the
     server serves batches * (1 - waiting / (8 * batches)) batches."""
@@ -1613,9 +1619,7 @@ class EstimatorTest(unittest.TestCase):
     # 16 batches whose requests hang, while a batch of 40 s finishes.
     for _ in range(16):
       estimator.batch_started(self.now, 8)
-    done = estimator.batch_started(self.now, 8)
-    self.poll(estimator, 8)
-    estimator.batch_finished(self.now, done)
+    self.run_batch(estimator, 8)
     # 300 s on (more than 4 times 40 s), they are taken as lost.
     self.poll(estimator, 52)
     self.assertEqual(estimator.batches_in_flight, 16)
@@ -1635,9 +1639,7 @@ class EstimatorTest(unittest.TestCase):
     # kept (the limit is 4 times 420 s), where they would be lost for the
     # hour the batches of 40 s are remembered.
     estimator = self.estimator(max_running_requests=256)
-    short = estimator.batch_started(self.now, 8)
-    self.poll(estimator, 8)
-    estimator.batch_finished(self.now, short)
+    self.run_batch(estimator, 8)
     slow = estimator.batch_started(self.now, 8)
     self.poll(estimator, 61)
     self.assertEqual(estimator.batches_in_flight, 0)
@@ -1655,9 +1657,7 @@ class EstimatorTest(unittest.TestCase):
     # the first finishes, at 425 s, the limit is 4 times that, and the
     # second, 420 s in flight, is in flight again.
     estimator = self.estimator(max_running_requests=256)
-    short = estimator.batch_started(self.now, 8)
-    self.poll(estimator, 8)
-    estimator.batch_finished(self.now, short)
+    self.run_batch(estimator, 8)
     slow = estimator.batch_started(self.now, 8)
     self.poll(estimator)
     slower = estimator.batch_started(self.now, 8)
@@ -1689,9 +1689,7 @@ class EstimatorTest(unittest.TestCase):
     self.poll(estimator, 721)
     self.assertEqual(estimator.batches_in_flight, 0)
     self.poll(estimator, 721)
-    short = estimator.batch_started(self.now, 8)
-    self.poll(estimator, 8)
-    estimator.batch_finished(self.now, short)
+    self.run_batch(estimator, 8)
     estimator.batch_finished(self.now, lost)
     estimator.batch_started(self.now, 8)
     self.poll(estimator, 60)
@@ -1843,14 +1841,10 @@ class EstimatorTest(unittest.TestCase):
     # A batch of 1000 s finished, then the hold passed. Batches of 40 s
     # since: one in flight for over 300 s is lost, not kept for 4000 s.
     estimator = self.estimator(max_running_requests=256)
-    long_batch = estimator.batch_started(self.now, 8)
-    self.poll(estimator, 200)
-    estimator.batch_finished(self.now, long_batch)
+    self.run_batch(estimator, 200)
     self.poll(estimator, 740)
     lost = estimator.batch_started(self.now, 8)
-    short = estimator.batch_started(self.now, 8)
-    self.poll(estimator, 8)
-    estimator.batch_finished(self.now, short)
+    self.run_batch(estimator, 8)
     self.poll(estimator, 53)
     self.assertEqual(estimator.batches_in_flight, 0)
     estimator.batch_finished(self.now, lost)
