@@ -45,7 +45,7 @@ WORKLOADS = ('W0', 'W1', 'W2', 'W3', 'W4')
 # The required points of every deployment and workload, as the tables show
 # them.
 COLUMNS = ('R0_25.D64', 'R4.D0', 'R4.D64', 'R4.D256', 'R64.D64')
-DEPLOYMENTS = ('streaming_F3', 'streaming_F2', 'batch')
+DEPLOYMENTS = ('streaming_F3', 'streaming_F2', 'batch', 'batch_hash')
 # What a hand-written benchmark figure looks like.
 STRAY = re.compile(
     r'\b\d+(?:\.\d+)?[x×](?![\w])|'
@@ -70,7 +70,7 @@ def _table(section, name='default'):
       '| deployment | workload | ' + ' | '.join(COLUMNS) + ' |',
       '|---|---|' + '---|' * len(COLUMNS),
   ]
-  for dep in DEPLOYMENTS:
+  for dep in [d for d in DEPLOYMENTS if d in section]:
     for workload in WORKLOADS:
       cells = []
       for column in COLUMNS:
@@ -115,7 +115,7 @@ def _wins(results, name='default'):
 
 def _aa(results):
   worst = []
-  for dep in DEPLOYMENTS:
+  for dep in [d for d in DEPLOYMENTS if d in results['v4']]:
     lows = [
         point['aa']['ratio_min']
         for d, _, _, _, point in v4_summary.points(results['v4']) if d == dep
@@ -183,6 +183,7 @@ DEPLOYMENT_WORDS = {
     'streaming_F3': 'streaming, key ranges re-cut on load',
     'streaming_F2': 'streaming, keys hashed onto workers',
     'batch': 'batch',
+    'batch_hash': 'batch, keys hashed onto workers',
 }
 WORKLOAD_WORDS = {
     'W0': 'prompts that share nothing',
@@ -260,11 +261,8 @@ def readme_why(results) -> str:
       '.' + losses.serial(goals) +
       ' Batch jobs read their input in arrival order here; on input sorted '
       'by prefix, whose splits already batch a prefix together, the default '
-      'loses up to R4. Batch runners are modelled cutting key ranges by '
-      'work, as Dataflow rebalances them; on a runner that hashes keys onto '
-      'workers (Flink, Spark), research runs have the default gain less at '
-      'every batch point and lose to 2.77.0 at many, most on many workers. '
-      'Every point runs at one load, the one the policy was tuned at. The '
+      'loses up to R4. ' + _batch_placements(section) +
+      ' Every point runs at one load, the one the policy was tuned at. The '
       'runner pays for the keyed steps: on the '
       'FnApiRunner, batching alone (no model) over 10,000 and 30,000 keys '
       f'takes {_overhead_ratio(results, "default_10000_over_stateful", "x")} and '
@@ -273,6 +271,35 @@ def readme_why(results) -> str:
       'percentile of their repetitions). Every point, and why: '
       '[docs/benchmark.md](docs/benchmark.md).',
   ])
+
+
+def _batch_placements(section) -> str:
+  """What the batch points say of the two ways a batch runner places keys,
+  as sentences."""
+  cut = (
+      'Batch runners are modelled cutting key ranges by work, as Dataflow '
+      'rebalances them')
+  if 'batch_hash' not in section:
+    # Results from before batch_hash: research runs measured it.
+    return (
+        f'{cut}; on a runner that hashes keys onto workers (Flink, Spark), '
+        'research runs have the default gain less at every batch point and '
+        'lose to 2.77.0 at many, most on many workers.')
+  counts = {}
+  for dep in ('batch', 'batch_hash'):
+    ratios = [
+        p[4]['default']['ratio'] for p in v4_summary.points(section)
+        if p[0] == dep
+    ]
+    below = sum(r < v4_summary.NEVER_SLOWER for r in ratios)
+    counts[dep] = (
+        f'{below} of {len(ratios)} batch points, geometric mean '
+        f'{statistics.geometric_mean(ratios):.2f}x, worst {min(ratios):.2f}x')
+  return (
+      f'{cut}: there the default is below {v4_summary.NEVER_SLOWER:.2f}x at '
+      f'{counts["batch"]}. Where the runner hashes keys onto workers and '
+      'does not rebalance them (Flink, Spark: batch_hash), it is below '
+      f'{v4_summary.NEVER_SLOWER:.2f}x at {counts["batch_hash"]}.')
 
 
 def _overhead_ratio(results, name, unit=''):
@@ -319,8 +346,11 @@ def _method(results):
       'FnApiRunner\'s batches on a small case. Deployments: streaming_F3 '
       f'(key ranges re-cut every {v["range_recut_secs"]:g} s on past work), '
       'streaming_F2 (static hash), each '
-      'against 2.77.0\'s stateful path placed the same way; batch, against '
-      '2.77.0\'s stateless path, which the vLLM handlers use by default. '
+      'against 2.77.0\'s stateful path placed the same way; ' + (
+          'batch (key ranges cut by work) and batch_hash (keys hashed onto '
+          'workers), ' if 'batch_hash' in results['v4'] else 'batch, ') +
+      'against 2.77.0\'s stateless path, which the vLLM handlers use by '
+      'default. '
       'R = S / C is the distinct shareable prefix tokens over one worker\'s '
       f'cache of {v["cache_tokens"]} tokens; W0 shares nothing, W1 and W2 '
       'are flat prefixes, W3 chat-shaped, W4 long documents with questions; '

@@ -169,12 +169,12 @@ def decoding(results) -> str:
   streaming = []
   for dep, workload, r_key, d_key, point in v4_summary.points(section):
     at = f'{dep}.{workload}.{r_key}.{d_key}'
-    if at in shares and dep != 'batch':
+    if at in shares and dep.startswith('streaming'):
       streaming.append((r_key, workload, shares[at], point))
   head = (
       f'{len(missed)} of the {len(shares)} points with decoding miss half '
       'of the bound\'s gain, '
-      f'{sum(not at.startswith("batch.") for at in missed)} of them in '
+      f'{sum(at.startswith("streaming") for at in missed)} of them in '
       'streaming.')
   if any('share_balanced' not in s for _, _, s, _ in streaming):
     # Results from before the balanced figure.

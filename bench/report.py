@@ -49,6 +49,9 @@ def deployment_text(meta, deployment) -> str:
       'baseline: 2.77.0\'s stateless path (what the vLLM handlers use by '
       'default), each worker batching its split of the input in order, no '
       'shuffle; capacity is the makespan',
+      'batch_hash': 'batch as above, the keyed strategies\' state keys placed '
+      'by a salted hash, as runners that do not rebalance key ranges place '
+      'them (Flink, Spark); the baseline, lpt and the bound as in batch',
   }[deployment]
 
 
@@ -361,7 +364,7 @@ def _serial(goals, v3) -> list:
 
 def _tables(section):
   lines = ['## Phase A: ratios over each deployment\'s baseline', '']
-  for dep in ('streaming_F3', 'streaming_F2', 'batch'):
+  for dep in ('streaming_F3', 'streaming_F2', 'batch', 'batch_hash'):
     if dep not in section:
       continue
     lines += [f'### {dep}', '', deployment_text(section['meta'], dep) + '.', '']

@@ -112,7 +112,7 @@ def run(kwargs: dict, groups=('streaming', 'batch')) -> dict:
     for task in done:
       _, workload, r_key, _ = task['task']
       for deployment, figures in task['deployments'].items():
-        at = 'whole' if deployment == 'batch' else '10s'
+        at = 'whole' if deployment.startswith('batch') else '10s'
         if serial:
           at = deploy.SERIAL
         for decode, arms in figures['figures'].items():
@@ -144,7 +144,6 @@ def fleet(
     cold_scope='process',
     cold_split_fills=None,
     policy=None,
-    batch_placement='cut',
     rate=None,
     engine=None) -> dict:
   """Phase A for one workload at another fleet size, with the tree's
@@ -155,7 +154,8 @@ def fleet(
     workers: the fleet's workers.
     requests: the run's requests.
     seeds: the seeds to run (3 placements each).
-    groups: the deployments to run: 'streaming' (F2 and F3), 'batch'.
+    groups: the deployments to run: 'streaming' (F2 and F3), 'batch'
+      (batch and batch_hash).
     measuring_spread: 1, the default's measuring step as the tree has it
       (in batch, a busy key measured in parts); more, the step spread over
       that many measuring keys by request id in the model
@@ -177,7 +177,6 @@ def fleet(
       run's "default" strategy, and so for `lpt`, which places the
       default's batches; none: its defaults. This weighs a setting on other
       seeds and fleet sizes than `run` does, without changing the tree.
-    batch_placement: 'cut' (the run's) or 'hash' (v4.run_all).
     rate: requests per second per worker; none: v4.RATE_PER_WORKER's.
     engine: fields of costs.EngineModel to change, as {name: value}.
 
@@ -225,8 +224,7 @@ def fleet(
         groups=tuple(groups),
         measuring_spread=measuring_spread,
         input_order=input_order,
-        cold_scope=cold_scope,
-        batch_placement=batch_placement)
+        cold_scope=cold_scope)
   finally:
     v4.EVAL_SEEDS = eval_seeds
     (
@@ -248,8 +246,7 @@ def fleet_points(section, workload_name=None, groups=None) -> dict:
   for dep, workload, r_key, d_key, point in v4_summary.points(section):
     if workload_name is not None and workload != workload_name:
       continue
-    if groups is not None and ('batch' if dep == 'batch' else
-                               'streaming') not in groups:
+    if groups is not None and dep.split('_')[0] not in groups:
       continue
     shape = section['meta']['workloads'][f'{workload}.{r_key}']
     name = f'{dep}.{workload}.{r_key}.{d_key}'
@@ -471,11 +468,6 @@ def main(argv=None) -> int:
       "for the default strategy and lpt's placing of its batches (default: "
       "{}, its defaults)")
   fleet_parser.add_argument(
-      '--batch-placement',
-      default='cut',
-      choices=['cut', 'hash'],
-      help="batch's state keys in ranges cut by work (the run's) or hashed")
-  fleet_parser.add_argument(
       '--rate', type=float, help='requests/s per worker (default: the run\'s)')
   fleet_parser.add_argument(
       '--engine', type=json.loads, help='costs.EngineModel fields, as JSON')
@@ -543,7 +535,6 @@ def main(argv=None) -> int:
             'cold_scope': args.cold_scope,
             'cold_split_fills': args.cold_split_fills,
             'policy': args.policy,
-            'batch_placement': args.batch_placement,
             'rate': args.rate,
             'engine': args.engine,
             'points': fleet(
@@ -559,7 +550,6 @@ def main(argv=None) -> int:
                 args.cold_scope,
                 args.cold_split_fills,
                 args.policy,
-                args.batch_placement,
                 args.rate,
                 args.engine)
         })

@@ -123,7 +123,7 @@ def test_a_free_measuring_step_is_never_slower_in_batch():
       SMALL, groups=('batch', ))
   own = research_v4.fleet('W1', **kwargs)
   free = research_v4.fleet('W1', measuring_spread=0, **kwargs)
-  assert set(own) == set(free) and all(p.startswith('batch.') for p in own)
+  assert set(own) == set(free) and all(p.startswith('batch') for p in own)
   # The same placement without the measuring step's shuffles.
   assert all(free[p]['default'] >= own[p]['default'] for p in own)
   assert any(free[p]['default'] > own[p]['default'] for p in own)
@@ -165,20 +165,20 @@ def test_sorted_input_changes_only_the_batch_reading_order():
     research_v4.fleet('W1', input_order='random', **kwargs)
 
 
-def test_a_static_hash_in_batch_moves_only_the_keyed_placement():
+def test_batch_hash_moves_only_the_keyed_placement():
   pytest.importorskip('apache_beam.transforms.util')
-  kwargs = dict(
-      SMALL, groups=('batch', ))
-  cut = research_v4.fleet('W1', **kwargs)
-  hashed = research_v4.fleet('W1', batch_placement='hash', **kwargs)
-  assert set(cut) == set(hashed)
+  points = research_v4.fleet('W1', **dict(SMALL, groups=('batch', )))
+  cut = {p: v for p, v in points.items() if p.startswith('batch.')}
+  hashed = {
+      p.replace('batch_hash.', 'batch.'): v
+      for p, v in points.items() if p.startswith('batch_hash.')
+  }
+  assert cut and set(cut) == set(hashed)
   # The baseline (so the bound's ratio) and lpt's own placement stay.
   for point in cut:
     assert hashed[point]['bound'] == cut[point]['bound']
     assert hashed[point]['lpt'] == cut[point]['lpt']
   assert any(hashed[p]['default'] != cut[p]['default'] for p in cut)
-  with pytest.raises(ValueError, match="batch_placement.*'ring'"):
-    research_v4.fleet('W1', batch_placement='ring', **kwargs)
 
 
 def test_the_rate_can_be_changed_for_a_run():
@@ -221,19 +221,15 @@ def test_a_fleet_run_records_the_settings_it_ran_with(tmp_path):
       'batch',
       '--out',
       str(tmp_path),
-      '--batch-placement',
-      'hash',
       '--rate',
       '8',
       '--engine',
       '{"request_tokens": 50}'
   ])
   doc = json.loads((tmp_path / 'run.json').read_text())
-  assert (doc['batch_placement'], doc['rate'],
-          doc['engine']) == ('hash', 8, {
-              'request_tokens': 50
-          })
-  assert all(point.startswith('batch.W1.') for point in doc['points'])
+  assert (doc['rate'], doc['engine']) == (8, {'request_tokens': 50})
+  assert {point.split('.')[0]
+          for point in doc['points']} == {'batch', 'batch_hash'}
 
 
 def test_fleet_table_balanced_gives_the_even_spread_and_its_share():
@@ -312,10 +308,10 @@ def test_cold_keys_pooled_for_the_fleet_change_only_streaming():
   pooled = research_v4.fleet('W0', cold_scope='fleet', **kwargs)
   assert set(own) == set(pooled)
   # W0's prompts share nothing, so every key is cold.
-  streaming = [p for p in own if not p.startswith('batch.')]
+  streaming = [p for p in own if p.startswith('streaming')]
   assert any(pooled[p]['default'] != own[p]['default'] for p in streaming)
   for point in own:
-    if point.startswith('batch.'):
+    if point.startswith('batch'):
       assert pooled[point]['default'] == own[point]['default']
   with pytest.raises(ValueError, match="cold_scope.*'worker'"):
     research_v4.fleet('W0', cold_scope='worker', **kwargs)
@@ -386,7 +382,7 @@ def test_fleet_points_take_a_full_runs_workload_and_deployments():
       p.startswith(('streaming_F2.W2.', 'streaming_F3.W2.')) for p in streaming)
   assert {
       p
-      for p in every if p.split('.')[1] == 'W2' and not p.startswith('batch.')
+      for p in every if p.split('.')[1] == 'W2' and not p.startswith('batch')
   } == set(streaming)
   point = section['streaming_F3']['W2']['R4']['D64']
   figures = streaming['streaming_F3.W2.R4.D64']
@@ -395,7 +391,8 @@ def test_fleet_points_take_a_full_runs_workload_and_deployments():
   assert figures['serial']['default'] == point['default']['ratio_serial']
   assert figures['balanced']['bound'] == point['bound']['ratio_balanced']
   batch = research_v4.fleet_points(section, 'W2', ('batch', ))
-  assert batch and all(p.startswith('batch.W2.') for p in batch)
+  assert batch and all(
+      p.startswith(('batch.W2.', 'batch_hash.W2.')) for p in batch)
 
 
 def test_from_results_writes_a_full_runs_workload_as_a_fleet_run(tmp_path):

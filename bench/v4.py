@@ -32,10 +32,11 @@ like any state key.
 
 A task is one workload at one regime R and one evaluation seed, in one
 deployment group: streaming (streaming_F2 and streaming_F3 share the
-requests, the batches and t0) or batch. Each strategy forms its batches
-once; each placement salt (namespaced by the seed) places them. Ratios are
-taken placement by placement against the deployment's baseline with the
-same salt, and summarized as medians with min and max (summarize).
+requests, the batches and t0) or batch (batch and batch_hash share them
+too). Each strategy forms its batches once; each placement salt
+(namespaced by the seed) places them. Ratios are taken placement by
+placement against the deployment's baseline with the same salt, and
+summarized as medians with min and max (summarize).
 """
 
 import dataclasses
@@ -66,8 +67,9 @@ SALTS = ('a', 'b', 'c')
 RATIOS = {'0_25': 0.25, '1': 1.0, '4': 4.0, '16': 16.0, '64': 64.0}
 DECODES = (0, 64, 256)
 REQUIRED = (('0_25', 64), ('4', 0), ('4', 64), ('64', 64), ('4', 256))
-FULL_GRID = (('streaming_F3', 'W1'), ('batch', 'W1'))
-DEPLOYMENTS = ('streaming_F2', 'streaming_F3', 'batch')
+FULL_GRID = (('streaming_F3', 'W1'), ('batch', 'W1'), ('batch_hash', 'W1'))
+# batch_hash: batch's state keys hashed onto workers (Flink, Spark).
+DEPLOYMENTS = ('streaming_F2', 'streaming_F3', 'batch', 'batch_hash')
 RATE_PER_WORKER = 16
 CACHE_BLOCKS = workloads.CACHE_TOKENS // workloads.BLOCK_TOKENS
 BUFFERING_S = 1.0
@@ -470,18 +472,16 @@ def batch_task(workload, r_key, seed, quick):
         k: batch_model.key_work(v, model, BATCH_CUT_DECODE, charges[name])
         for k, v in grouped[name].items()
     }
-    hashed = _STATE.get('batch_placement') == 'hash'  # (Flink, Spark)
     for salt in salts:
-      batches, placement = batch_model.keyed_batches(
-          grouped[name], w, salt, weights,
-          frames.hash_placement(grouped[name], w, salt) if hashed else None)
-      keyed_runs[(name, salt)] = run(batches, placement, charges[name], salt)
+      hashed = frames.hash_placement(grouped[name], w, salt)
+      for dep, placement in (('batch', None), ('batch_hash', hashed)):
+        placed = batch_model.keyed_batches(
+            grouped[name], w, salt, weights, placement)
+        keyed_runs[dep, name, salt] = run(*placed, charges[name], salt)
     if name == 'default':
-      lpt = frames.lpt_placement(weights, w)
-      batches, placement = batch_model.keyed_batches(
-          grouped[name], w, salts[0], weights, lpt)
-      keyed_runs[('lpt',
-                  salts[0])] = run(batches, placement, charges[name], salts[0])
+      placed = batch_model.keyed_batches(
+          grouped[name], w, salts[0], weights, frames.lpt_placement(weights, w))
+      keyed_runs['lpt'] = run(*placed, charges[name], salts[0])
 
   def score(batch_run, decode):
     figures = deploy.score(
@@ -494,26 +494,25 @@ def batch_task(workload, r_key, seed, quick):
   # A batch runner may bring a prefix's requests together in any order:
   # the bound has no cache limit there.
   blocks = bound.prefill(requests, 0)
-  figures = {}
+  figures = {'batch': {}, 'batch_hash': {}}
   for decode in decodes_for(workload.name, r_key, 'batch'):
-    rows = figures[decode] = {}
-    for name in ('default', 'adaptive_v3', 'keyed_8', 'lpt'):
-      rows[name] = [
-          score(keyed_runs[(name, salt)], decode) for salt in salts
-          if (name, salt) in keyed_runs
-      ]
-    rows['baseline'] = [score(base[salt], decode) for salt in salts]
-    rows.update(
+    shared = {
+        'lpt': [score(keyed_runs['lpt'], decode)],
+        'baseline': [score(base[salt], decode) for salt in salts],
+    }
+    shared.update(
         _bounds(blocks, decode, model, w, bs, charges['default'], BATCH_COPIES))
+    for dep, rows in figures.items():
+      rows[decode] = {
+          name: [score(keyed_runs[dep, name, s], decode) for s in salts]
+          for name in ('default', 'adaptive_v3', 'keyed_8')
+      }
+      rows[decode].update(shared)
+  info = {'t0_s': 0.0, 'steady': True, 'all_warm': True, 'requests_scored': n}
   return {
       'deployments': {
-          'batch': {
-              't0_s': 0.0,
-              'steady': True,
-              'all_warm': True,
-              'requests_scored': n,
-              'figures': figures
-          }
+          dep: dict(info, figures=rows)
+          for dep, rows in figures.items()
       }
   }
 
@@ -559,8 +558,7 @@ def run_all(
     groups=('streaming', 'batch'),
     measuring_spread=1,
     input_order='arrival',
-    cold_scope='process',
-    batch_placement='cut'):
+    cold_scope='process'):
   """Runs every task (of the given groups); returns them as they came.
   measuring_spread: 1, the default's measuring step as the tree has it;
   more, spread over that many measuring keys by request id
@@ -568,23 +566,19 @@ def run_all(
   input_order: the order batch pipelines read their input in (see
   in_input_order); streaming is read as it arrives.
   cold_scope: where streaming pools the default's cold keys (one of
-  policies.COLD_SCOPES; batch pools them by process).
-  batch_placement: batch's state keys in ranges cut by work, or 'hash'."""
+  policies.COLD_SCOPES; batch pools them by process)."""
   if measuring_spread < 0:
     raise ValueError(
         f'measuring_spread must be at least 0, got {measuring_spread!r}')
   _check_input_order(input_order)
   policies.check_cold_scope(cold_scope)
-  if batch_placement not in ('cut', 'hash'):
-    raise ValueError(f'batch_placement: not cut or hash: {batch_placement!r}')
   _STATE.update(
       spec=spec,
       model=model,
       p_sweep=('W1', '4'),
       measuring_spread=measuring_spread,
       input_order=input_order,
-      cold_scope=cold_scope,
-      batch_placement=batch_placement)
+      cold_scope=cold_scope)
   chosen = tasks(quick, chosen, groups)
   started = time.monotonic()
   done = []

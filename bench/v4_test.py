@@ -184,15 +184,17 @@ def test_streaming_is_also_scored_from_the_runs_start():
           for figure in rows.get(name, []):
             capacity = figure['capacity']
             # Batch scores the whole job: it has no steady state to leave.
-            assert (deploy.FROM_START in capacity) == (dep != 'batch'), dep
-            if dep != 'batch' and info['t0_s'] == 0:
+            streaming = dep.startswith('streaming')
+            assert (deploy.FROM_START in capacity) == streaming, dep
+            if streaming and info['t0_s'] == 0:
               assert capacity[deploy.FROM_START] == capacity['10s']
-            if dep != 'batch' and info['t0_s'] > 0:
+            if streaming and info['t0_s'] > 0:
               later += capacity[deploy.FROM_START] != capacity['10s']
   # Where the steady state starts later, the cold start is scored too.
   assert later
   for dep, _, _, _, point in v4_summary.points(section):
-    assert ('ratio_from_start' in point['default']) == (dep != 'batch')
+    assert ('ratio_from_start'
+            in point['default']) == dep.startswith('streaming')
   below = v4_summary.goals(section)['below_from_start']
   assert all(b['ratio'] < v4_summary.NEVER_SLOWER for b in below)
   assert [b['ratio'] for b in below] == sorted(b['ratio'] for b in below)
