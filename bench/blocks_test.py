@@ -209,17 +209,20 @@ def test_the_wins_say_the_share_spread_evenly_once_a_run_has_it():
 def test_the_readme_why_block_counts_each_batch_placement_from_its_points():
   results = _with_overhead(small_results())
   section = results['v4']
-  text = blocks.readme_why(results)
+  counts = {}
   for dep in ('batch', 'batch_hash'):
     ratios = [
         p[4]['default']['ratio'] for p in blocks.v4_summary.points(section)
         if p[0] == dep
     ]
     below = sum(r < blocks.v4_summary.NEVER_SLOWER for r in ratios)
-    assert (
-        f'{below} of {len(ratios)} batch points, geometric mean '
-        f'{statistics.geometric_mean(ratios):.2f}x, worst '
-        f'{min(ratios):.2f}x') in text
+    counts[dep] = (
+        f'{below} of {len(ratios)} points (median '
+        f'{statistics.median(ratios):.2f}x, worst {min(ratios):.2f}x)')
+  assert counts['batch'] != counts['batch_hash']
+  text = blocks.readme_why(results)
+  assert f'(batch), the default is below 0.97x at {counts["batch"]};' in text
+  assert f'(batch_hash), at {counts["batch_hash"]}.' in text
   # Results from before batch_hash keep the research runs' sentence.
   del section['batch_hash']
   assert 'research runs have the default gain less' in blocks.readme_why(

@@ -50,8 +50,8 @@ def serial(goals, limit=3):
   if below is None:
     return ''
   return (
-      ' With each state key\'s batches run one at a time, as Dataflow and '
-      'Prism run a key\'s work (its model calls fused after it, one after '
+      ' With each state key\'s batches run one at a time, as Dataflow, '
+      'Prism and Flink run a key\'s work (its model calls fused after it, one after '
       'another; the baseline\'s state key is the SDK process), it is below '
       f'{v4_summary.NEVER_SLOWER:.2f}x at {len(below)} of {goals["points"]} '
       'points' + (f', the worst {_worst(below, limit)}' if below else '') + '.')

@@ -90,7 +90,7 @@ def test_the_losses_say_how_the_default_fares_one_batch_per_key_at_a_time():
     rows[at]['ratio_serial'] = 0.80 + 0.05 * i if i < 2 else 1.0
   text = losses.sentence(results)
   assert (
-      f'one at a time, as Dataflow and Prism run a key\'s work (its model '
+      f'one at a time, as Dataflow, Prism and Flink run a key\'s work (its model '
       'calls fused after it, one after another; the baseline\'s state key is '
       f'the SDK process), it is below 0.97x at 2 of {len(rows)} points, the '
       f'worst {names[0]} (0.80x), {names[1]} (0.85x).') in text

@@ -71,6 +71,7 @@ import collections
 import dataclasses
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -396,10 +397,18 @@ def _write(out: Path, name: str, run_doc: dict) -> None:
 
 
 def _read(directory: Path, names, field: str) -> dict:
-  return {
-      n: json.loads((directory / f'{n}.json').read_text())[field]
-      for n in names
-  }
+  out = {}
+  for name in names:
+    doc = json.loads((directory / f'{name}.json').read_text())
+    out[name] = doc[field]
+    if doc.get('batch_placement') == 'hash':
+      # A run from before batch_hash, which hashed batch's keys under its
+      # name (fleet's batch_placement).
+      out[name] = {
+          re.sub(r'^batch\.', 'batch_hash.', point): figures
+          for point, figures in doc[field].items()
+      }
+  return out
 
 
 def _add_out_and_groups(parser) -> None:
@@ -411,7 +420,8 @@ def _add_out_and_groups(parser) -> None:
       nargs='+',
       default=['streaming', 'batch'],
       choices=['streaming', 'batch'],
-      help='the deployments: streaming (F2 and F3), batch')
+      help='the deployments: streaming (F2 and F3), batch (batch and '
+      'batch_hash)')
 
 
 def main(argv=None) -> int:

@@ -415,3 +415,19 @@ def test_from_results_writes_a_full_runs_workload_as_a_fleet_run(tmp_path):
   assert written['points'] == research_v4.fleet_points(
       results['v4'], 'W2', ('batch', ))
   assert written['groups'] == ['batch'] and written['workload'] == 'W2'
+
+
+def test_a_run_from_before_batch_hash_reads_its_hashed_points_under_it(
+    tmp_path):
+  figures = {'default': 0.8, 'lpt': 0.9, 'bound': 1.0}
+  for name, placement in (('cut', 'cut'), ('hashed', 'hash'), ('new', None)):
+    doc = {'points': {'batch.W1.R4.D0': figures, 'streaming_F2.W1.R4.D0': {}}}
+    if placement:
+      doc['batch_placement'] = placement
+    (tmp_path / f'{name}.json').write_text(json.dumps(doc))
+  read = research_v4._read(  # pylint: disable=protected-access
+      tmp_path, ['cut', 'hashed', 'new'], 'points')
+  assert set(read['hashed']) == {'batch_hash.W1.R4.D0', 'streaming_F2.W1.R4.D0'}
+  assert read['cut'] == read['new'] == {
+      'batch.W1.R4.D0': figures, 'streaming_F2.W1.R4.D0': {}
+  }

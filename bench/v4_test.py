@@ -393,3 +393,21 @@ def test_each_strategy_pays_the_shuffles_its_pipeline_has():
           charges['default'].first_stage) == (1, True)
   assert (charges['keyed_8'].shuffles,
           charges['keyed_8'].first_stage) == (1, False)
+
+
+def test_batch_hash_hashes_the_keyed_state_keys_and_shares_the_rest():
+  def median_capacity(rows):
+    return statistics.median(f['capacity']['whole'] for f in rows)
+
+  tasks = [t for t in done() if t['task'][0] == 'batch']
+  assert tasks
+  for task in tasks:
+    cut, hashed = (
+        task['deployments'][dep]['figures'] for dep in ('batch', 'batch_hash'))
+    assert cut.keys() == hashed.keys()
+    for rows_cut, rows_hashed in zip(cut.values(), hashed.values()):
+      for name in ('baseline', 'lpt', 'bound', 'bound_shuffled'):
+        assert rows_hashed[name] == rows_cut[name], name
+      # Few state keys balance worse hashed than cut by their work.
+      assert median_capacity(rows_hashed['default']) < median_capacity(
+          rows_cut['default']), task['task']
