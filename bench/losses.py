@@ -109,8 +109,9 @@ def _within_noise(below):
       f'reaches {v4_summary.NEVER_SLOWER:.2f}x at {reaching} of them, '
       'which the run cannot tell from the floor, and stays below it at '
       f'{len(highs) - reaching}' + (
-          f'; {len(below) - len(highs)} have too few seeds for one'
-          if len(highs) < len(below) else '') + '.')
+          f'; {len(below) - len(highs)} '
+          f'{"has" if len(below) - len(highs) == 1 else "have"} too few '
+          'seeds for one' if len(highs) < len(below) else '') + '.')
 
 
 def _other_references(goals, meta, limit=3):

@@ -30,7 +30,7 @@ def test_the_losses_say_which_points_the_run_cannot_tell_from_the_floor():
   below = [{'interval': i} for i in intervals + [None]]
   text = losses._within_noise(below)  # pylint: disable=protected-access
   assert 'reaches 0.97x at 2 of them' in text
-  assert 'stays below it at 1; 1 have too few seeds for one.' in text
+  assert 'stays below it at 1; 1 has too few seeds for one.' in text
 
 
 def test_the_losses_say_how_streaming_fares_from_the_runs_start():

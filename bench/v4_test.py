@@ -288,6 +288,10 @@ def test_the_committed_runs_points_below_the_floor_carry_an_interval():
   assert goals['below']
   for below in goals['below']:
     ratios = points[below['at']]['default']['ratios']
+    if below['interval'] is None:
+      # Away from the goal points: two seeds give no interval of 85%.
+      assert len(ratios) == 6
+      continue
     low, high, _ = below['interval']
     # Twelve placements, four seeds: the least and greatest seed median.
     assert len(ratios) == 12
