@@ -194,6 +194,22 @@ def _check_fraction(name: str, value: Any) -> None:
     raise ValueError(f'{name} must be in (0, 1], got {value!r}.')
 
 
+def _check_http_url(name: str, value: Any) -> None:
+  """Raises unless value is a URL that the built-in fetch can GET: plain
+  HTTP, with a host and a valid port."""
+  _check_name(name, value)
+  try:
+    parts = urllib.parse.urlsplit(value)
+    valid = parts.scheme == 'http' and bool(parts.hostname) and parts.port != 0
+  except ValueError:
+    # A port that is not a number or is out of range.
+    valid = False
+  if not valid:
+    raise ValueError(
+        f'{name} must be an http:// URL with a host (the publisher GETs it '
+        f'over plain HTTP unless given a fetch), got {value!r}.')
+
+
 def _check_name(name: str, value: Any) -> None:
   if not isinstance(value, str):
     raise TypeError(f'{name} must be a str, got {value!r}.')
@@ -765,7 +781,11 @@ class CapacityEstimator:
     if self._loads and self._loads[0][1] >= grown:
       return True
     if not self._cache_bound:
-      size = self._requests_per_batch()
+      # An idle hold held no batch: it shows no room (the sizes sent before
+      # the measurement say nothing of the hold).
+      if not self._held_batches:
+        return False
+      size = self._held_requests / self._held_batches
       return bool(
           size and self._measured_size and
           self._measured_size >= _OUTGROWN * size)
@@ -938,8 +958,9 @@ class PrometheusNumLoadedModelsPublisher:
   gets a new server, and the old one may still run.
 
   Args:
-    metrics_url: the server's Prometheus text endpoint, e.g.
-      ``http://localhost:8000/metrics``.
+    metrics_url: the server's Prometheus text endpoint, an http:// URL
+      such as ``http://localhost:8000/metrics`` (with ``fetch``, any str
+      it reads).
     tag: the model tag RunInference knows the model by (see
       ModelHandler.set_model_identifier).
     metric_names: a ServerMetricNames: the names of the server's metrics.
@@ -983,7 +1004,11 @@ class PrometheusNumLoadedModelsPublisher:
       estimator: Optional[CapacityEstimator] = None,
       clock: Callable[[], float] = time.monotonic,
       fetch: Optional[Callable[[str], str]] = None):
-    _check_name('metrics_url', metrics_url)
+    for name, fn in (('alive', alive), ('clock', clock), ('fetch', fetch)):
+      if fn is not None and not callable(fn):
+        raise TypeError(f'{name} must be callable, got {fn!r}.')
+    self._check_url = _check_name if fetch else _check_http_url
+    self._check_url('metrics_url', metrics_url)
     _check_name('tag', tag)
     if not isinstance(metric_names, ServerMetricNames):
       raise TypeError(
@@ -1123,7 +1148,7 @@ class PrometheusNumLoadedModelsPublisher:
       False, changing nothing, once the thread has ended or is ending (its
       server exited, or it was stopped): a new publisher must take over then.
     """
-    _check_name('metrics_url', metrics_url)
+    self._check_url('metrics_url', metrics_url)
     with self._lock:
       if self._ended or self._stopping.is_set():
         return False

@@ -24,6 +24,7 @@ import itertools
 import math
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -1850,6 +1851,27 @@ class EstimatorTest(unittest.TestCase):
     estimator.batch_finished(self.now, lost)
     self.assertEqual(estimator.batches_in_flight, 0)
 
+  def test_an_idle_hold_keeps_a_capacity_a_queue_measured(self):
+    # An hour of batches of 2, 4 at a time, then a queue measures 16
+    # batches of 8, then the pipeline idles for more than the hold: the hold
+    # held no batch, so it shows no room, and the capacity is kept. The
+    # sizes sent over all time (mostly 2) would have shown room for more
+    # batches than 16 of 8.
+    estimator = self.estimator(max_running_requests=256)
+    self.scrape = scrape(8, 0)
+    for _ in range(720):
+      self.in_flight(estimator, 0)
+      self.in_flight(estimator, 4, size=2)
+      self.poll(estimator)
+    self.in_flight(estimator, 0)
+    self.saturate(estimator)
+    self.assertEqual(self.value, 16)
+    self.in_flight(estimator, 0)
+    self.scrape = scrape(0, 0)
+    self.poll(estimator, 1440)
+    self.assertTrue(estimator.measured)
+    self.assertEqual(self.value, 16)
+
   def test_a_re_estimate_offers_at_least_1_25_times_the_measurement(self):
     # A queue measured 16 batches of 8 against a server of 128 requests;
     # then batches of 4, 8 at a time: room for smaller batches. The
@@ -2446,6 +2468,31 @@ class ValidationTest(unittest.TestCase):
       publisher.batch_started(-1)
     with self.assertRaisesRegex(TypeError, 'estimator'):
       PrometheusNumLoadedModelsPublisher(url, 'tag', VLLM_NAMES, estimator={})
+    # The built-in fetch speaks plain HTTP to a host: a URL it would misread
+    # (one without a scheme went to port 80 of localhost) or read over plain
+    # HTTP though it says https is refused, also for a restarted server.
+    for bad in ('127.0.0.1:8000/metrics',
+                'https://127.0.0.1:8000/metrics',
+                'ftp://127.0.0.1/metrics',
+                'http:///metrics',
+                'http://127.0.0.1:99999/metrics',
+                'http://127.0.0.1:0/'):
+      with self.subTest(url=bad):
+        with self.assertRaisesRegex(ValueError,
+                                    'metrics_url must be an http:// URL.*' +
+                                    re.escape(repr(bad))):
+          PrometheusNumLoadedModelsPublisher(bad, 'tag', VLLM_NAMES)
+        with self.assertRaisesRegex(ValueError, 'metrics_url'):
+          publisher.set_metrics_url(bad)
+    # With a fetch of its own, the URL is the fetch's to read.
+    PrometheusNumLoadedModelsPublisher(
+        'https://127.0.0.1/metrics', 'tag', VLLM_NAMES, fetch=lambda url: '')
+    for name in ('alive', 'clock', 'fetch'):
+      with self.subTest(name=name):
+        with self.assertRaisesRegex(TypeError,
+                                    f'{name} must be callable, got 3'):
+          PrometheusNumLoadedModelsPublisher(
+              url, 'tag', VLLM_NAMES, **{name: 3})
 
 
 class PublisherTest(unittest.TestCase):
