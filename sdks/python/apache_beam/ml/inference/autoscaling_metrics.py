@@ -1191,10 +1191,17 @@ class PrometheusNumLoadedModelsPublisher:
     """Stops the polling thread: it scrapes a last time for the counters,
     publishes 0 (unless another publisher started under its tag) and ends.
     Returns within 2 seconds, with the thread ended unless called from the
-    thread itself."""
+    thread itself. A thread that already ended when its server exited left
+    its value to a publisher of the restarted server: stopped, it has none,
+    and 0 is published then too."""
     self._stopping.set()
     if self._finalizer is not None:
       self._finalizer.detach()
+    with self._lock:
+      ended = self._ended
+    if ended:
+      self._publish(0)
+      return
     thread = self._thread
     # A thread that never started (start() failed) has no ident.
     if (thread is None or thread.ident is None or

@@ -2111,6 +2111,25 @@ class ThreadTest(unittest.TestCase):
     # A restarted server needs a new publisher: this one refuses its URL.
     self.assertFalse(publisher.set_metrics_url(url))
 
+  def test_a_stopped_publisher_whose_server_had_exited_publishes_0(self):
+    # Its vLLM exited, so the thread ended and left the value to a restarted
+    # server's publisher. The server is dropped instead (stop()): no
+    # publisher takes the value over, so 0 is published.
+    server = self.serve(lambda: vllm_text(32, 16))
+    alive = threading.Event()
+    alive.set()
+    publisher = self.start(server.url, alive=alive.is_set)
+    for _ in range(8):
+      publisher.batch_started(6)
+    self.wait_until(lambda: publisher.value == 5, 'a measurement')
+    alive.clear()
+    server.close()
+    self.wait_until(lambda: not publisher.running, 'the thread ends')
+    self.assertEqual(publisher.value, 5)
+    publisher.stop()
+    self.assertEqual(publisher.value, 0)
+    self.assertEqual(num_loaded_models(publisher._tag).min, 0)
+
   def test_stop_publishes_0_when_the_scrape_it_cuts_was_of_an_exited_server(
       self):
     # The owner stops the server it has stopped: the scrape in progress,
