@@ -541,6 +541,7 @@ class CapacityEstimator:
   def batch_started(self, now: float, num_requests: int) -> int:
     """Notes that a batch of num_requests requests was sent at now; returns
     its id for batch_finished."""
+    _check_now(now)
     _check_batch(num_requests)
     batch = self._next_batch
     self._next_batch += 1
@@ -555,6 +556,7 @@ class CapacityEstimator:
     or failed, at now. A batch already taken as lost is no longer in
     flight, but its duration counts: batches longer than the limit raise it
     once one finishes."""
+    _check_now(now)
     record = self._in_flight.pop(batch, None)
     if record is not None:
       started, requests = record
@@ -587,8 +589,10 @@ class CapacityEstimator:
 
     Raises:
       ValueError: if a metric of the scrape is not a finite number, or a
-        count is negative (running and waiting must be given).
+        count is negative (running and waiting must be given), or now is
+        not a finite number.
     """
+    _check_now(now)
     _check_scrape(scrape)
     # A sample that expires here leaves the capacity as it is: value()
     # recomputes it on new samples, and the hold re-estimates one that no
@@ -646,6 +650,7 @@ class CapacityEstimator:
     """The value to publish at now: the measured capacity times the target
     utilization, or an estimate, at most the batches the worker can have in
     flight; None when there is none yet (why_none says why)."""
+    _check_now(now)
     changed = self._expire(now) or self._new_samples
     self._new_samples = False
     if changed and self._samples:
@@ -866,6 +871,14 @@ def _check_scrape(scrape: ServerScrape) -> None:
       raise ValueError(f'scrape.{name} must be at least 0, got {value!r}.')
 
 
+def _check_now(now: Any) -> None:
+  """Raises unless now is a finite number: after an infinite or NaN time,
+  every later scrape would look older than the last."""
+  if (isinstance(now, bool) or not isinstance(now, (int, float)) or
+      not math.isfinite(now)):
+    raise ValueError(f'now must be a finite number of seconds, got {now!r}.')
+
+
 def _check_batch(num_requests: Any) -> None:
   if isinstance(num_requests, bool) or not isinstance(num_requests, int):
     raise TypeError(f'num_requests must be an int, got {num_requests!r}.')
@@ -1020,6 +1033,12 @@ class PrometheusNumLoadedModelsPublisher:
       config = estimator.config if estimator else AutoscalingConfig()
     if not isinstance(config, AutoscalingConfig):
       raise TypeError(f'config must be an AutoscalingConfig, got {config!r}.')
+    if estimator is not None and config != estimator.config:
+      # The publisher would poll by one and the estimator measure by the
+      # other.
+      raise ValueError(
+          f'config must be the estimator\'s config, {estimator.config!r}, '
+          f'got {config!r}.')
     if counters is None:
       counters = {}
     if not isinstance(counters, Mapping) or not all(

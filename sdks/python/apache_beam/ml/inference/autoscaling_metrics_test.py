@@ -2487,6 +2487,25 @@ class ValidationTest(unittest.TestCase):
       publisher.batch_started(-1)
     with self.assertRaisesRegex(TypeError, 'estimator'):
       PrometheusNumLoadedModelsPublisher(url, 'tag', VLLM_NAMES, estimator={})
+    with self.assertRaisesRegex(ValueError, "config must be the estimator's"):
+      PrometheusNumLoadedModelsPublisher(
+          url,
+          'tag',
+          VLLM_NAMES,
+          AutoscalingConfig(poll_interval_secs=1),
+          estimator=CapacityEstimator(AutoscalingConfig()))
+    # A time that is not finite would make every later one look earlier.
+    estimator = CapacityEstimator()
+    for now in (math.inf, math.nan, None):
+      with self.subTest(now=now):
+        with self.assertRaisesRegex(ValueError, 'now must be a finite'):
+          estimator.observe(now, scrape(8, 0))
+        with self.assertRaisesRegex(ValueError, 'now must be a finite'):
+          estimator.value(now)
+        with self.assertRaisesRegex(ValueError, 'now must be a finite'):
+          estimator.batch_started(now, 8)
+        with self.assertRaisesRegex(ValueError, 'now must be a finite'):
+          estimator.batch_finished(now, 0)
     # The built-in fetch speaks plain HTTP to a host: a URL it would misread
     # (one without a scheme went to port 80 of localhost) or read over plain
     # HTTP though it says https is refused, also for a restarted server.
