@@ -977,7 +977,8 @@ class PrometheusNumLoadedModelsPublisher:
     tag: the model tag RunInference knows the model by (see
       ModelHandler.set_model_identifier).
     metric_names: a ServerMetricNames: the names of the server's metrics.
-    config: an AutoscalingConfig; the defaults when None.
+    config: an AutoscalingConfig; when None, the estimator's if one is
+      given, else the defaults.
     counters: optional. Server counters to republish, a mapping from the
       scraped sample name (e.g. ``vllm:prefix_cache_hits_total``) to a Beam
       counter name. Each scrape adds their increases to process-wide Beam

@@ -2100,10 +2100,12 @@ class ThreadTest(unittest.TestCase):
     listener.close()
     alive = threading.Event()
     alive.set()
-    publisher = self.start(url, alive=alive.is_set)
-    publisher.batch_started(1)
-    time.sleep(0.2)
+    with self.assertLogs(autoscaling_metrics.__name__, 'WARNING') as logs:
+      publisher = self.start(url, alive=alive.is_set)
+      publisher.batch_started(1)
+      self.wait_until(lambda: logs.output, 'a failed scrape')
     # While the server lives, a failed scrape changes nothing.
+    self.assertIn('it keeps polling', logs.output[0])
     self.assertTrue(publisher.running)
     alive.clear()
     self.wait_until(lambda: not publisher.running, 'the thread ends')
@@ -2429,6 +2431,9 @@ class ValidationTest(unittest.TestCase):
       with self.subTest(argument=argument, value=value):
         with self.assertRaisesRegex(error, argument):
           AutoscalingConfig(**{argument: value})
+    # Each span may equal the one it must be at least.
+    config = AutoscalingConfig(poll_interval_secs=5, window_secs=5, hold_secs=5)
+    self.assertEqual((config.window_secs, config.hold_secs), (5, 5))
 
   def test_config_defaults(self):
     config = AutoscalingConfig()
@@ -2494,9 +2499,14 @@ class ValidationTest(unittest.TestCase):
           VLLM_NAMES,
           AutoscalingConfig(poll_interval_secs=1),
           estimator=CapacityEstimator(AutoscalingConfig()))
+    # Without a config, a publisher takes its estimator's.
+    config = AutoscalingConfig(poll_interval_secs=1)
+    taken_over = PrometheusNumLoadedModelsPublisher(
+        url, 'tag', VLLM_NAMES, estimator=CapacityEstimator(config))
+    self.assertIs(taken_over._config, config)
     # A time that is not finite would make every later one look earlier.
     estimator = CapacityEstimator()
-    for now in (math.inf, math.nan, None):
+    for now in (math.inf, math.nan, None, True):
       with self.subTest(now=now):
         with self.assertRaisesRegex(ValueError, 'now must be a finite'):
           estimator.observe(now, scrape(8, 0))
