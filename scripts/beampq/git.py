@@ -30,6 +30,7 @@ import dataclasses
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -259,6 +260,22 @@ def patch_subject(patch_text: str) -> str:
   return ''
 
 
+def message_as_applied(patch_text: str) -> str:
+  """The body of the commit message that `git am --keep-non-patch` takes
+  from a `git format-patch` file: it ends at the first line that git reads
+  as the start of the diff (a line of `---`, say), wherever that is."""
+  with tempfile.TemporaryDirectory() as scratch:
+    message = Path(scratch) / 'message'
+    run(
+        'mailinfo',
+        '-b',
+        str(message),
+        os.devnull,
+        cwd=Path(scratch),
+        stdin=patch_text)
+    return message.read_text()
+
+
 def patch_id(patch_text: str) -> Optional[str]:
   """git's stable id of a patch's diff (the same for a reworded commit), or
   None when the patch has no diff."""
@@ -301,9 +318,14 @@ def verify_applies_exactly(
         f'line {moved.group(2)}')
 
 
-def side_work(repo: Path, own_tags: tuple[str, ...] = ()) -> list[str]:
+def side_work(
+    repo: Path,
+    own_tags: tuple[str, ...] = (),
+    own_branches: tuple[str, ...] = ()
+) -> list[str]:
   """What a repository holds besides its checked-out branch: its stashes,
-  its other branches and its tags but own_tags, described."""
+  its other branches but own_branches and its tags but own_tags,
+  described."""
   found = []
   stashes = output('stash', 'list', cwd=repo).splitlines()
   if stashes:
@@ -312,7 +334,7 @@ def side_work(repo: Path, own_tags: tuple[str, ...] = ()) -> list[str]:
   branches = [
       b for b in output(
           'for-each-ref', '--format=%(refname:short)', 'refs/heads',
-          cwd=repo).splitlines() if b != current
+          cwd=repo).splitlines() if b != current and b not in own_branches
   ]
   if branches:
     found.append(f'branches {", ".join(branches)}')

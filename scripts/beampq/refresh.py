@@ -60,6 +60,24 @@ def _format_patch(
   return made[0]
 
 
+def _check_message_survives(
+    repo: Path, commit: str, subject: str, patch_text: str):
+  """Raises unless git am gives the commit its whole message back from its
+  patch: a line git reads as the start of the diff would cut it there."""
+  def lines(message: str) -> list[str]:
+    return [line.rstrip() for line in message.strip().splitlines()]
+
+  body = lines(git.output('log', '-1', '--format=%b', commit, cwd=repo))
+  kept = lines(git.message_as_applied(patch_text))
+  if kept != body:
+    cut = next((line for line in body[len(kept):] if line), '')
+    raise Error(
+        f'"{subject}": its message has a line that git am reads as the start '
+        f'of the diff ({cut!r}), so a tree rebuilt from its patch would lose '
+        f'the message from there on: reword it (`git -C {repo} rebase -i '
+        f'{BASE_TAG}`), for example indenting that line')
+
+
 class _PullRequestFinder:
   """Which pull request each commit belongs to, from the series it was
   built from: the pull request of the patch with the same subject (when
@@ -206,6 +224,7 @@ def write_patches(
     patch = _format_patch(
         repo, commit, number, out / 'patches', modified or added)
     text = patch.read_text()
+    _check_message_survives(repo, commit, subject, text)
     if not modified:
       # Only new files: keep the message, the files travel in sdks/. Cut
       # before the diffstat too, so that git am keeps an empty commit.
@@ -310,10 +329,17 @@ def how_to_keep(project: Project, now: state.TreeState) -> str:
   in_progress = git.operation_in_progress(tree)
   if in_progress:
     return f'finish or abort the {in_progress} in progress, then {refresh_it}'
-  if now.inputs_changed:
-    # patches/ changed too (a pull): a refresh would undo that change.
-    return state.carry_over_hint(project, now)
   off = off_the_queue(project)
+  if now.inputs_changed:
+    # patches/ changed too (a pull): a refresh would undo that change. The
+    # recipe carries HEAD's commits, so main's must be under HEAD first.
+    if off and git.attempt(
+        'merge-base', '--is-ancestor', BRANCH, 'HEAD',
+        cwd=tree).returncode != 0:
+      return (
+          f'{off}, then run `python3 -m beampq tree` again for how to '
+          'carry its commits over')
+    return state.carry_over_hint(project, now)
   if off:
     return f'{off}, then {refresh_it}'
   if now.uncommitted:
@@ -378,9 +404,12 @@ def refresh(project: Project, force: bool = False):
   tree = project.tree
   now = state.tree_state(project)
   if now.stamp is None:
+    build_it = (
+        'run `python3 -m beampq tree --force`, which replaces it (save its '
+        'commits first with `git format-patch`)'
+        if tree.exists() else 'run `python3 -m beampq tree` first')
     raise Error(
-        f'{project.rel(tree)} is not a tree built by beampq; '
-        'run `python3 -m beampq tree` first')
+        f'{project.rel(tree)} is not a tree built by beampq; {build_it}')
   in_progress = git.operation_in_progress(tree)
   if in_progress:
     raise Error(

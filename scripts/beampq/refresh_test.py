@@ -317,10 +317,48 @@ def test_refresh_keeps_a_commit_that_only_adds_files(project):
   assert tree_id(project.tree) == edited
 
 
+@pytest.mark.parametrize('line', ['---', '--- a/x.py', 'diff --git a/x b/x'])
+def test_refresh_refuses_a_message_git_am_would_cut(project, line):
+  message = tree_git(project, 'log', '-1', '--format=%B').strip()
+  tree_git(
+      project,
+      'commit',
+      '-q',
+      '--amend',
+      '-m',
+      f'{message}\n\n{line}\nA line after it.')
+  with pytest.raises(Error,
+                     match='reads as the start of the diff.*' +
+                     re.escape(repr(line))):
+    refresh.refresh(project)
+  # Indented, the line is only text, and the message survives a rebuild.
+  tree_git(
+      project,
+      'commit',
+      '-q',
+      '--amend',
+      '-m',
+      f'{message}\n\n  {line}\nA line after it.')
+  refresh.refresh(project)
+  shutil.rmtree(project.tree)
+  tree.update(project)
+  assert tree_git(project, 'log', '-1',
+                  '--format=%B').strip().endswith('A line after it.')
+
+
 def test_refresh_needs_a_tree(tmp_path, index):
   project = testing.make_project(tmp_path)
-  with pytest.raises(Error, match='not a tree built by beampq'):
+  with pytest.raises(Error, match='not a tree built by beampq.*tree` first'):
     refresh.refresh(project)
+
+
+def test_refresh_of_a_tree_without_its_stamp_says_to_force(project):
+  # A tree whose stamp is gone is one that tree refuses without --force.
+  (project.tree / '.git' / 'beampq.json').unlink()
+  with pytest.raises(Error, match='not a tree built by beampq.*tree --force'):
+    refresh.refresh(project)
+  with pytest.raises(Error, match='was not built by beampq'):
+    tree.update(project)
 
 
 def _edit_util(project, old, new):

@@ -144,23 +144,25 @@ def fetch(project: Project, source: Optional[Path] = None) -> Path:
   """Returns the cached base sdist, downloading (or copying) it if needed."""
   base = project.base
   target = project.cache / base.filename
-  if target.exists() and source is None:
-    actual = sha256_of(target)
-    if actual == base.sha256:
-      return target
-    # Moved aside, not deleted: a mistyped pin would otherwise cost a
-    # machine without the index its only copy of the release.
-    aside = target.with_name(f'{target.name}.sha256-{actual[:12]}')
-    target.replace(aside)
-    print(
-        f'beampq: moved cached {project.rel(target)} to '
-        f'{project.rel(aside)}: sha256 {actual} is not the pinned '
-        f'{base.sha256} (if the pin is wrong, fix it and run `python3 -m '
-        f'beampq fetch --from {project.rel(aside)}`)',
-        file=sys.stderr)
-  project.cache.mkdir(parents=True, exist_ok=True)
   if source is not None and not source.is_file():
     raise Error(f'{source} does not exist')
+  if target.exists():
+    actual = sha256_of(target)
+    if actual == base.sha256:
+      if source is None:
+        return target
+    else:
+      # Moved aside, not deleted: a mistyped pin would otherwise cost a
+      # machine without the index its only copy of the release.
+      aside = target.with_name(f'{target.name}.sha256-{actual[:12]}')
+      target.replace(aside)
+      print(
+          f'beampq: moved cached {project.rel(target)} to '
+          f'{project.rel(aside)}: sha256 {actual} is not the pinned '
+          f'{base.sha256} (if the pin is wrong, fix it and run `python3 -m '
+          f'beampq fetch --from {project.rel(aside)}`)',
+          file=sys.stderr)
+  project.cache.mkdir(parents=True, exist_ok=True)
   # A name of its own, so that two fetches at once (tests on two cores) do
   # not write one file; the verified one is renamed into place.
   handle, name = tempfile.mkstemp(
@@ -202,6 +204,8 @@ def _fetch_into(
     raise Error(
         f'{base.filename} from {origin} has sha256 {actual}, not the pinned '
         f'{base.sha256}; refusing it')
+  # mkstemp made it private; the release is not.
+  partial.chmod(0o644)
   partial.replace(target)
   print(f'beampq: {project.rel(target)} verified (sha256 {actual[:12]}...)')
   return target

@@ -21,6 +21,7 @@ a real package index on 127.0.0.1."""
 import hashlib
 import io
 import os
+import stat
 import tarfile
 
 import pytest
@@ -95,6 +96,9 @@ def test_fetch_replaces_a_corrupted_cache(tmp_path, index):
       sdist.sha256_of(project.cache / aside[0])[:12]
   ]
   assert (project.cache / aside[0]).read_bytes() == b'garbage'
+  # A verified file is readable by all, as the release is.
+  assert stat.S_IMODE(
+      (project.cache / 'apache_beam-9.9.0.tar.gz').stat().st_mode) == 0o644
 
 
 def test_fetch_reports_an_unreachable_index(tmp_path, monkeypatch):
@@ -118,6 +122,13 @@ def test_fetch_from_a_local_copy_is_verified(tmp_path, monkeypatch):
     sdist.fetch(project, tmp_path / 'bad.tar.gz')
   assert sdist.fetch(project,
                      tmp_path / 'good.tar.gz').read_bytes() == testing.SDIST
+  # A local copy moves a corrupted cache aside too.
+  cached = project.cache / 'apache_beam-9.9.0.tar.gz'
+  cached.write_bytes(b'garbage')
+  assert sdist.fetch(project,
+                     tmp_path / 'good.tar.gz').read_bytes() == testing.SDIST
+  (aside, ) = project.cache.glob('*.sha256-*')
+  assert aside.read_bytes() == b'garbage'
 
 
 @pytest.fixture

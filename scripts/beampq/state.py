@@ -36,6 +36,10 @@ from beampq.project import Project
 # Bump when the way a tree is built changes, so existing trees are rebuilt.
 TREE_FORMAT = '3'
 STAMP = 'beampq.json'
+# The tag of the base commit in every tree (`git rebase -i base`), and the
+# branch that tree builds the queue on and refresh writes back.
+BASE_TAG = 'base'
+BRANCH = 'main'
 
 
 def read_bytes(path: Path) -> bytes:
@@ -136,6 +140,13 @@ def carry_over_hint(project: Project, now: TreeState) -> str:
       'then `python3 -m beampq refresh`')
 
 
+def _commit_of(tree: Path, ref: str) -> Optional[str]:
+  """The commit ref names in tree, or None when there is no such ref."""
+  found = git.attempt(
+      'rev-parse', '--verify', '-q', f'{ref}^{{commit}}', cwd=tree)
+  return found.stdout.strip() if found.returncode == 0 else None
+
+
 def patch_changes(status_lines: list[str]) -> list[str]:
   """The `git status --porcelain` lines that a patch could hold: changes to
   tracked files, and untracked files under sdks/, where patches add theirs.
@@ -158,6 +169,16 @@ def tree_state(
   head = git.output('rev-parse', 'HEAD', cwd=tree)
   if head != stamp.get('head'):
     local_work.append(f'HEAD moved to {head[:12]}')
+  # Work HEAD does not show: main's own commits behind a detached HEAD, and
+  # a base tag moved off the base the queue was built on, which the steps
+  # that read the tree would take for the base.
+  main = _commit_of(tree, f'refs/heads/{BRANCH}')
+  if main is not None and main not in (head, stamp.get('head')):
+    local_work.append(f'{BRANCH} moved to {main[:12]}')
+  base = _commit_of(tree, f'refs/tags/{BASE_TAG}')
+  if base != stamp.get('base'):
+    moved = f'moved to {base[:12]}' if base else 'deleted'
+    local_work.append(f'tag {BASE_TAG} {moved}')
   status = git.dirty_paths(tree)
   dirty = patch_changes(status)
   if dirty:

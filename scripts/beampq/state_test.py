@@ -58,3 +58,25 @@ def test_pull_request_lines_do_not_make_the_tree_stale(project):
   project.series_file.write_text(
       project.series_file.read_text().replace('[feature]\n', ''))
   assert state.tree_state(project).current
+
+
+def test_main_behind_a_detached_head_is_local_work(project):
+  tree_git(project, 'commit', '-q', '--allow-empty', '-m', 'Unrefreshed')
+  tree_git(project, 'checkout', '-q', '--detach', 'HEAD~1')
+  now = state.tree_state(project)
+  assert not now.current
+  main = tree_git(project, 'rev-parse', 'main')
+  assert now.local_work == [f'main moved to {main[:12]}']
+  # Detached where main is, nothing is lost.
+  tree_git(project, 'checkout', '-q', '--detach', 'main')
+  assert state.tree_state(project).local_work == [f'HEAD moved to {main[:12]}']
+
+
+def test_a_moved_or_deleted_base_tag_is_local_work(project):
+  tree_git(project, 'tag', '-f', 'base', 'HEAD~1')
+  moved = tree_git(project, 'rev-parse', 'HEAD~1')
+  now = state.tree_state(project)
+  assert not now.current
+  assert now.local_work == [f'tag base moved to {moved[:12]}']
+  tree_git(project, 'tag', '-d', 'base')
+  assert state.tree_state(project).local_work == ['tag base deleted']

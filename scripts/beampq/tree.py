@@ -37,10 +37,8 @@ from beampq import sdist
 from beampq import state
 from beampq.project import Project
 
-# The tag of the base commit in every tree: `git rebase -i base`.
-BASE_TAG = 'base'
-# The branch tree builds the queue on, and refresh writes back.
-BRANCH = 'main'
+BASE_TAG = state.BASE_TAG
+BRANCH = state.BRANCH
 # Who commits a tree where git knows nobody (a CI machine): building one
 # writes nothing in anyone's name, unlike export and apply.
 TREE_COMMITTER = git.Identity('beampq', 'beampq@localhost.invalid')
@@ -195,8 +193,10 @@ def update(
         f'{project.rel(tree)} was not built by beampq (it has no '
         f'.git/{state.STAMP}), so its work cannot be told apart: move it '
         'away, or run `python3 -m beampq tree --force` to replace it')
+  # main's own commits are local work (see tree_state), not side work.
   side = git.side_work(
-      tree, own_tags=(BASE_TAG, )) if (tree / '.git').is_dir() else []
+      tree, own_tags=(BASE_TAG, ),
+      own_branches=(BRANCH, )) if (tree / '.git').is_dir() else []
   if side and not force:
     raise Error(
         f'{project.rel(tree)} has {" and ".join(side)}, which a rebuild '

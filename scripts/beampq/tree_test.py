@@ -239,6 +239,19 @@ def test_tree_keeps_stashes_and_branches(project):
   assert not tree_git(project, 'stash', 'list')
 
 
+def test_a_detached_head_is_no_work_unless_main_moved(project):
+  tree_git(project, 'checkout', '-q', '--detach')
+  patch = project.patches / FIRST
+  patch.write_text(patch.read_text() + '\n')
+  # main is what was built: a rebuild loses nothing.
+  tree.update(project)
+  tree_git(project, 'commit', '-q', '--allow-empty', '-m', 'Unrefreshed')
+  tree_git(project, 'checkout', '-q', '--detach', 'HEAD~1')
+  patch.write_text(patch.read_text() + '\n')
+  with pytest.raises(Error, match='main moved to .*git checkout main'):
+    tree.update(project)
+
+
 def test_tree_carries_untracked_files_outside_sdks_over(project):
   # An editor's settings are no patch's: they neither count as local work
   # nor are lost when patches/ changes and the tree is rebuilt.

@@ -237,11 +237,15 @@ def export(project: Project, dest: Path, names: Optional[list[str]] = None):
   if dest.exists():
     raise Error(f'{dest} already exists; export writes a new folder')
   series = project.read_series()
-  wanted = [series.get(name) for name in names] if names else \
-      series.pull_requests
+  # Each named once, however often given.
+  wanted = [series.get(name) for name in dict.fromkeys(names)] if names \
+      else series.pull_requests
   entries = changes.read(project.changes)
   author = git.identity('AUTHOR', project.root)
-  dest.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise Error(f'cannot make the folder {dest.parent}: {e.strerror}') from None
   scratch = Path(tempfile.mkdtemp(prefix='.export-', dir=dest.parent))
   try:
     out = scratch / 'out'

@@ -34,6 +34,7 @@ from beampq.testing import MODULE_PATH
 from beampq.testing import UTIL
 from beampq.testing import make_checkout
 from beampq.testing import module_at
+from beampq.testing import tree_git
 from beampq.testing import tree_id
 
 SECOND = '0002-Python-Add-a-module.patch'
@@ -177,6 +178,21 @@ def test_export_says_it_leaves_out_work_not_refreshed(
   assert 'apache_beam/x.py' not in squashed
 
 
+def test_export_sees_main_behind_a_detached_head_and_a_moved_base(
+    project, tmp_path, capsys):
+  testing.commit_in_tree(
+      project, 'Not refreshed', {'sdks/python/apache_beam/x.py': 'X = 1\n'})
+  tree_git(project, 'checkout', '-q', '--detach', 'HEAD~1')
+  tree_git(project, 'tag', '-f', 'base', 'HEAD~1')
+  capsys.readouterr()
+  upstream.export(project, tmp_path / 'out')
+  said = capsys.readouterr().out
+  assert 'has work not in patches/ (main moved to' in said
+  # Built afresh from patches/: every pull request, each patch once.
+  assert sorted(p.name
+                for p in (tmp_path / 'out').iterdir()) == ['feature', 'fix']
+
+
 def am(checkout, *patches):
   git.run('am', '-q', '-k', *map(str, patches), cwd=checkout, isolated=False)
 
@@ -247,13 +263,19 @@ def test_export_carries_the_exporters_name(project, tmp_path, monkeypatch):
   check.check(project)  # patches/ are left as they were
 
 
-def test_export_one_pull_request(project, tmp_path):
+def test_export_one_pull_request(project, tmp_path, capsys):
   dest = tmp_path / 'out'
   upstream.export(project, dest, ['feature'])
   assert [p.name for p in dest.iterdir()] == ['feature']
   with pytest.raises(Error, match="no pull request 'nope'"):
     upstream.export(project, tmp_path / 'other', ['nope'])
   assert not (tmp_path / 'other').exists()
+  upstream.export(project, tmp_path / 'twice', ['feature', 'feature'])
+  assert [p.name for p in (tmp_path / 'twice').iterdir()] == ['feature']
+  assert capsys.readouterr().out.count('wrote ') == 2
+  (tmp_path / 'a-file').write_text('')
+  with pytest.raises(Error, match='cannot make the folder .*a-file'):
+    upstream.export(project, tmp_path / 'a-file' / 'out')
 
 
 # --------------------------------------------------------------------------
