@@ -320,25 +320,23 @@ def test_refresh_keeps_a_commit_that_only_adds_files(project):
 @pytest.mark.parametrize('line', ['---', '--- a/x.py', 'diff --git a/x b/x'])
 def test_refresh_refuses_a_message_git_am_would_cut(project, line):
   message = tree_git(project, 'log', '-1', '--format=%B').strip()
-  tree_git(
-      project,
-      'commit',
-      '-q',
-      '--amend',
-      '-m',
-      f'{message}\n\n{line}\nA line after it.')
+
+  def end_message_with(text):
+    tree_git(
+        project,
+        'commit',
+        '-q',
+        '--amend',
+        '-m',
+        f'{message}\n\n{text}\nA line after it.')
+
+  end_message_with(line)
   with pytest.raises(Error,
                      match='reads as the start of the diff.*' +
                      re.escape(repr(line))):
     refresh.refresh(project)
   # Indented, the line is only text, and the message survives a rebuild.
-  tree_git(
-      project,
-      'commit',
-      '-q',
-      '--amend',
-      '-m',
-      f'{message}\n\n  {line}\nA line after it.')
+  end_message_with(f'  {line}')
   refresh.refresh(project)
   shutil.rmtree(project.tree)
   tree.update(project)
